@@ -1,0 +1,47 @@
+"""streamfuse: make PyTorch models faster on NVIDIA GPUs by fusing ops into generated Triton kernels.
+
+    compiled = streamfuse.compile(model, example_inputs)
+    out = compiled(*inputs)
+    print(compiled.explain())
+
+or `torch.compile(model, backend="streamfuse")`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from streamfuse.capture.backend import make_backend, register, streamfuse_backend
+from streamfuse.config import Config
+from streamfuse.runtime.compiled import CallSpec, CompiledGraph
+
+__version__ = "0.1.0"
+backend = streamfuse_backend
+
+
+def compile(  # noqa: A001 - mirrors torch.compile
+    model: torch.nn.Module | Callable[..., Any],
+    example_inputs: Any,
+    config: Config | None = None,
+) -> CompiledGraph:
+    """Capture `model` on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
+    takes the same positional tensors (same shapes, dtypes, device) and returns what model returns."""
+    from streamfuse.capture.export import capture, normalize_inputs
+    from streamfuse.ir.from_fx import graph_from_fx
+    from streamfuse.runtime.compiled import build, graph_device
+
+    if config is not None and not isinstance(config, Config):
+        raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
+    inputs = normalize_inputs(example_inputs)
+    captured = capture(model, inputs)
+    graph = graph_from_fx(captured.gm, captured.bound)
+    call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated)
+    return build(graph, config or Config(), graph_device(graph, inputs), call)
+
+
+register()
+
+__all__ = ["CompiledGraph", "Config", "backend", "compile", "make_backend"]

@@ -1,0 +1,1 @@
+"""Capture: nn.Module / callable -> aten FX graph (torch.export or torch.compile + AOTAutograd)."""

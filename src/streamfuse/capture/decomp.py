@@ -1,0 +1,30 @@
+"""The decomposition table used at capture: torch's own tables, not hand-written rules.
+
+Core ATen decompositions, plus softmax / log_softmax / layer_norm lowered to the
+reductions and pointwise ops the fusion planner understands. var and var_mean stay whole
+(their reference decompositions go through prims that cannot be functionalized); the IR
+converter splits var_mean into var + mean.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+_EXTRA = [aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu_backward]
+_KEEP_WHOLE = [aten.var_mean, aten.var, aten.gelu]
+
+
+@functools.cache
+def decomposition_table() -> dict[Any, Any]:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(_EXTRA))
+    for packet in _KEEP_WHOLE:
+        for overload in packet.overloads():
+            table.pop(getattr(packet, overload), None)
+    return table

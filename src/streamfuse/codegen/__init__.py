@@ -1,0 +1,1 @@
+"""streamfuse codegen layer (see ARCHITECTURE.md in the docs)."""

@@ -1,0 +1,256 @@
+"""A fused group -> Triton source (pointwise and persistent-reduction templates).
+
+Every value is produced lazily by `_Emitter.value(node, index)`: an input is a strided load at
+that index, a view remaps the index (ir/indexing.py), a pointwise op combines its operands'
+values at the broadcast index, a reduction reduces its input's row tile. Values are cached by
+(node, index), so a shared producer is computed once per distinct index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from streamfuse.codegen.pointwise_ops import Operand, emit_pointwise
+from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
+from streamfuse.config import Config
+from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
+from streamfuse.ir.graph import Node
+from streamfuse.ir.indexing import ZERO, Expr, Index, broadcast_index, delinearize, linearize, view_input_index
+from streamfuse.ir.ops import OpKind, packet_name
+
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class KernelSource:
+    """Everything the runtime needs to launch one generated kernel."""
+
+    fn_name: str
+    source: str
+    inputs: list[Node]
+    input_stride_dims: list[tuple[int, ...]]
+    """For each input, the dims whose strides follow its pointer in the signature."""
+    outputs: list[Node]
+    grid: tuple[int, ...]
+    num_warps: int
+    constexprs: dict[str, int] = field(default_factory=dict)
+    ops: list[str] = field(default_factory=list)
+
+
+def generate(group: Group, config: Config, target: str, sm_count: int) -> KernelSource:
+    """Triton source for a POINTWISE or REDUCTION group. `target` is "cuda" or "interpret"."""
+    if group.kind is GroupKind.POINTWISE:
+        return _generate_pointwise(group, config, target)
+    if group.kind is GroupKind.REDUCTION:
+        assert group.domain is not None
+        return _generate_reduction(group, group.domain, config, target, sm_count)
+    raise ValueError(f"group {group.name} of kind {group.kind.value} is not generated")
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _needs_int64(group: Group, n: int) -> bool:
+    return max([n] + [x.numel for x in group.inputs + group.outputs]) > INT32_LIMIT
+
+
+def _generate_pointwise(group: Group, config: Config, target: str) -> KernelSource:
+    n = math.prod(group.shape)
+    block = min(config.pointwise_block, max(16, _next_pow2(n)))
+    num_warps = max(1, min(config.pointwise_num_warps, block // 256))
+    pid = "tl.program_id(0).to(tl.int64)" if _needs_int64(group, n) else "tl.program_id(0)"
+    em = _Emitter(group, target, masks={frozenset({"offs"}): "mask"})
+    em.lines += [f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)", f"mask = offs < {n}"]
+    index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
+    for j, out in enumerate(group.outputs):
+        v = em.value(out, index)
+        em.lines.append(f"tl.store(out{j}_ptr + offs, {_store_cast(v, out)}, mask=mask)")
+    return em.finish("pw", ["BLOCK: tl.constexpr"], grid=(math.ceil(n / block),), num_warps=num_warps,
+                     constexprs={"BLOCK": block})
+
+
+def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, target: str,
+                        sm_count: int) -> KernelSource:
+    m, r = dom.rows, dom.row_size
+    block_r = _next_pow2(r)
+    tile = 32 * config.reduction_elems_per_thread * config.reduction_max_warps // 2
+    block_m = max(1, min(_next_pow2(m), tile // block_r))
+    while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
+        block_m //= 2
+    num_warps = min(config.reduction_max_warps,
+                    _next_pow2(max(1, block_m * block_r // (32 * config.reduction_elems_per_thread))))
+    pid = "tl.program_id(0).to(tl.int64)" if _needs_int64(group, m * r) else "tl.program_id(0)"
+    em = _Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
+                                        frozenset({"rows", "cols"}): "mask"})
+    em.lines += [
+        f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
+        "cols = tl.arange(0, BLOCK_R)[None, :]",
+        f"rmask = rows < {m}",
+        f"cmask = cols < {r}",
+        "mask = rmask & cmask",
+    ]
+    outer = list(em.hoist(delinearize(Expr.var("rows"), dom.outer_shape), "xo"))
+    inner = list(em.hoist(delinearize(Expr.var("cols"), dom.reduce_shape), "xr"))
+    full = tuple(inner.pop(0) if d in dom.dims else outer.pop(0) for d in range(len(dom.shape)))
+    em.full_index, em.domain = full, dom
+    for j, out in enumerate(group.outputs):
+        if out.shape == dom.shape:
+            v = em.value(out, full)
+            offset, mask = linearize(full, dom.shape).text, "mask"
+        else:
+            v = em.value(out, _row_index(full, dom, out.shape))
+            offset, mask = "rows", "rmask"
+        em.lines.append(f"tl.store(out{j}_ptr + {offset}, {_store_cast(v, out)}, mask={mask})")
+    return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
+                     grid=(math.ceil(m / block_m),), num_warps=num_warps,
+                     constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
+
+
+def _row_index(full: Index, dom: ReductionDomain, shape: tuple[int, ...]) -> Index:
+    if shape == dom.keepdim_shape:
+        return tuple(ZERO if d in dom.dims else e for d, e in enumerate(full))
+    return tuple(e for d, e in enumerate(full) if d not in dom.dims)
+
+
+def _store_cast(v: Operand, out: Node) -> str:
+    assert out.dtype is not None
+    return v.text if v.dtype == out.dtype else f"{v.text}.to({TL_DTYPE[out.dtype]})"
+
+
+class _Emitter:
+    def __init__(self, group: Group, target: str, masks: dict[frozenset[str], str]):
+        self.group = group
+        self.target = target
+        self.masks = masks
+        self.members = set(group.nodes)
+        self.input_slot = {n: i for i, n in enumerate(group.inputs)}
+        self.lines: list[str] = []
+        self.cache: dict[tuple[Node, tuple[str, ...]], Operand] = {}
+        self.reduced: dict[Node, Operand] = {}
+        self.full_index: Index = ()
+        self.domain: ReductionDomain | None = None
+        self.counter = 0
+
+    def hoist(self, index: Index, prefix: str) -> Index:
+        """Bind each non-trivial coordinate to a named variable, for readable loads."""
+        out = []
+        for k, e in enumerate(index):
+            if e.is_zero or e.text.isidentifier():
+                out.append(e)
+                continue
+            name = f"{prefix}{k}"
+            self.lines.append(f"{name} = {e.text}")
+            out.append(Expr(name, e.deps))
+        return tuple(out)
+
+    def tmp(self, expr: str, dtype: torch.dtype) -> Operand:
+        name = f"t{self.counter}"
+        self.counter += 1
+        self.lines.append(f"{name} = {expr}")
+        return Operand(name, dtype)
+
+    def mask_for(self, deps: frozenset[str]) -> str | None:
+        if not deps:
+            return None
+        for key, mask in sorted(self.masks.items(), key=lambda kv: len(kv[0])):
+            if deps <= key:
+                return mask
+        raise AssertionError(f"no mask covers index variables {sorted(deps)}")
+
+    def value(self, node: Node, index: Index) -> Operand:
+        if node.kind is OpKind.REDUCTION and node in self.members:
+            return self.reduction(node)
+        key = (node, tuple(e.text for e in index))
+        if key in self.cache:
+            return self.cache[key]
+        if node not in self.members:
+            result = self.load(node, index)
+        elif node.kind in (OpKind.VIEW, OpKind.BROADCAST):
+            result = self.value(node.args[0], view_input_index(node, index))  # type: ignore[arg-type]
+        else:
+            args = [self.value(a, broadcast_index(index, a.shape, node.shape)) if isinstance(a, Node) else a
+                    for a in node.args]
+            assert node.dtype is not None
+            result = self.tmp(emit_pointwise(node, args, self.target), compute_dtype(node.dtype))
+        self.cache[key] = result
+        return result
+
+    def load(self, node: Node, index: Index) -> Operand:
+        slot = self.input_slot[node]
+        offset, deps = ZERO, frozenset[str]()
+        for d, e in enumerate(index):
+            if node.shape[d] != 1 and not e.is_zero:
+                offset = offset + e * Expr(f"in{slot}_s{d}")
+                deps |= e.deps
+        mask = self.mask_for(deps)
+        ptr = f"in{slot}_ptr" if offset.is_zero else f"in{slot}_ptr + {offset.text}"
+        text = f"tl.load({ptr})" if mask is None else f"tl.load({ptr}, mask={mask}, other=0)"
+        assert node.dtype is not None
+        wide = compute_dtype(node.dtype)
+        if wide != node.dtype:
+            text += f".to({TL_DTYPE[wide]})"
+        return self.tmp(text, wide)
+
+    def reduction(self, node: Node) -> Operand:
+        if node in self.reduced:
+            return self.reduced[node]
+        src = node.args[0]
+        assert isinstance(src, Node) and node.dtype is not None and self.domain is not None
+        acc = compute_dtype(node.dtype)
+        loaded = self.value(src, self.full_index)
+        x = loaded.text if loaded.dtype == acc else f"{loaded.text}.to({TL_DTYPE[acc]})"
+        r = self.domain.row_size
+        name = packet_name(node.op)
+        if name in ("sum", "mean"):
+            expr = f"tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None]"
+            if name == "mean":
+                expr += f" / {r}.0"
+            result = self.tmp(expr, acc)
+        elif name in ("amax", "amin"):
+            fn, fill = ("tl.max", 'float("-inf")') if name == "amax" else ("tl.min", 'float("inf")')
+            best = self.tmp(f"{fn}(tl.where(mask, {x}, {fill}), axis=1)[:, None]", acc)
+            has_nan = self.tmp(f"tl.max(tl.where(mask & ({x} != {x}), 1, 0), axis=1)[:, None]", torch.int32)
+            result = self.tmp(f'tl.where({has_nan.text} > 0, float("nan"), {best.text})', acc)
+        elif name == "var":
+            correction = node.kwargs.get("correction")
+            correction = 1 if correction is None else correction
+            mean = self.tmp(f"tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None] / {r}.0", acc)
+            dev = self.tmp(f"tl.where(mask, {x} - {mean.text}, 0.0)", acc)
+            result = self.tmp(f"tl.sum({dev.text} * {dev.text}, axis=1)[:, None] / "
+                              f"{literal(float(r - correction))}", acc)
+        else:
+            raise NotImplementedError(f"no reduction template for {node.op}")
+        self.reduced[node] = result
+        return result
+
+    def finish(self, tag: str, constexpr_params: list[str], grid: tuple[int, ...], num_warps: int,
+               constexprs: dict[str, int]) -> KernelSource:
+        params, stride_dims = [], []
+        for i, n in enumerate(self.group.inputs):
+            dims = tuple(d for d, s in enumerate(n.shape) if s != 1)
+            stride_dims.append(dims)
+            params += [f"in{i}_ptr"] + [f"in{i}_s{d}" for d in dims]
+        params += [f"out{j}_ptr" for j in range(len(self.group.outputs))]
+        params += constexpr_params
+        body = "\n".join(f"    {line}" for line in self.lines)
+        signature = ", ".join(params)
+        digest = hashlib.sha256(f"{self.target}\n{signature}\n{body}".encode()).hexdigest()[:12]
+        fn_name = f"sf_{tag}_{digest}"
+        ops = [n.op for n in self.group.nodes]
+        header = ["import triton", "import triton.language as tl"]
+        if "libdevice." in body:
+            header.append("from triton.language.extra import libdevice")
+        summary = ", ".join(o.removeprefix("aten.") for o in ops)
+        source = (
+            "\n".join(header) + "\n\n\n"
+            + f"# {self.group.name}: {len(ops)} ops: {summary}\n"
+            + f"@triton.jit\ndef {fn_name}({signature}):\n{body}\n"
+        )
+        return KernelSource(fn_name=fn_name, source=source, inputs=list(self.group.inputs),
+                            input_stride_dims=stride_dims, outputs=list(self.group.outputs), grid=grid,
+                            num_warps=num_warps, constexprs=constexprs, ops=ops)

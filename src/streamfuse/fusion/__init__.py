@@ -1,0 +1,1 @@
+"""streamfuse fusion layer (see ARCHITECTURE.md in the docs)."""

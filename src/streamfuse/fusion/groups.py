@@ -1,0 +1,104 @@
+"""What the fusion planner produces: groups of nodes (each one kernel or ATen call) and reasons."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from streamfuse.ir.graph import Graph, Node
+
+
+class GroupKind(enum.Enum):
+    POINTWISE = "pointwise"
+    """A generated kernel over one iteration shape."""
+    REDUCTION = "reduction"
+    """A generated kernel over rows x reduced extent, with prologue and epilogue."""
+    ATEN = "aten"
+    """One op run through ATen (opaque, contraction, or a refused reduction): one launch."""
+    ALIAS = "alias"
+    """A view or getitem run through ATen: zero-copy, no launch."""
+
+    @property
+    def generated(self) -> bool:
+        return self in (GroupKind.POINTWISE, GroupKind.REDUCTION)
+
+
+@dataclass(frozen=True)
+class ReductionDomain:
+    """The rows x columns space of a reduction kernel: `shape` is the reduced input's shape,
+    `dims` the reduced dimensions (sorted, non-negative)."""
+
+    shape: tuple[int, ...]
+    dims: tuple[int, ...]
+
+    @property
+    def outer_shape(self) -> tuple[int, ...]:
+        return tuple(s for d, s in enumerate(self.shape) if d not in self.dims)
+
+    @property
+    def reduce_shape(self) -> tuple[int, ...]:
+        return tuple(self.shape[d] for d in self.dims)
+
+    @property
+    def keepdim_shape(self) -> tuple[int, ...]:
+        return tuple(1 if d in self.dims else s for d, s in enumerate(self.shape))
+
+    @property
+    def rows(self) -> int:
+        return math.prod(self.outer_shape)
+
+    @property
+    def row_size(self) -> int:
+        return math.prod(self.reduce_shape)
+
+
+@dataclass
+class Group:
+    id: int
+    kind: GroupKind
+    nodes: list[Node]
+    """Members in topological order."""
+    inputs: list[Node] = field(default_factory=list)
+    """Tensors read from outside the group (graph inputs, constants, other groups' results)."""
+    outputs: list[Node] = field(default_factory=list)
+    """Members whose value is needed outside the group (by another group or as a graph output)."""
+    shape: tuple[int, ...] = ()
+    """POINTWISE: the iteration shape (every output has it)."""
+    domain: ReductionDomain | None = None
+    """REDUCTION: the rows x columns space."""
+    note: str = ""
+    """Why an ATEN group was not generated, when it could have been."""
+
+    @property
+    def name(self) -> str:
+        ops = [n.op.split(".")[1] for n in self.nodes if n.op.startswith("aten.")]
+        head = "_".join(dict.fromkeys(ops))[:40] or self.nodes[0].op
+        return f"k{self.id}_{head}"
+
+    @property
+    def launches(self) -> int:
+        return 0 if self.kind is GroupKind.ALIAS else 1
+
+
+@dataclass(frozen=True)
+class Refusal:
+    producer: Node
+    consumer: Node
+    reason: str
+
+    def __str__(self) -> str:
+        return f"%{self.producer.name} -> %{self.consumer.name}: {self.reason}"
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    groups: list[Group]
+    """In an order that respects every dependency."""
+    refusals: list[Refusal]
+    merges: int
+    """How many producer->consumer merges the planner made."""
+
+    def group_of(self) -> dict[Node, Group]:
+        return {n: g for g in self.groups for n in g.nodes}

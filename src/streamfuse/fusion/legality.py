@@ -1,0 +1,168 @@
+"""Fusion legality: may these nodes share one generated kernel? Returns the kernel's shape or a reason.
+
+Correctness rules only; what is *profitable* is the planner's business (ARCHITECTURE.md keeps
+legality apart from heuristics). The rules, for v1:
+
+- every member is pointwise, broadcast, view or reduction, in a supported dtype;
+- without a reduction, every value leaving the kernel has one shape (the iteration shape);
+- with reductions, all reduce the same dims of the same shape (one rows x columns domain); a
+  value computed from a reduced value is either a full row tile (the domain's shape) or one
+  value per row (keepdim or squeezed shape), so that each program owns whole rows;
+- views and expands are never written out by a kernel: they stay zero-copy aliases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from streamfuse.config import Config
+from streamfuse.fusion.groups import GroupKind, ReductionDomain
+from streamfuse.ir.graph import Node
+from streamfuse.ir.indexing import squeeze_equal
+from streamfuse.ir.ops import OpKind, packet_name
+
+FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+GENERATED_REDUCTIONS = frozenset(
+    {"aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default", "aten.var.correction"}
+)
+KERNEL_DTYPES = FLOAT_DTYPES | {torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    kind: GroupKind
+    inputs: tuple[Node, ...]
+    outputs: tuple[Node, ...]
+    shape: tuple[int, ...] = ()
+    domain: ReductionDomain | None = None
+
+
+def reduction_domain(node: Node) -> ReductionDomain:
+    x = node.args[0]
+    assert isinstance(x, Node)
+    rank = len(x.shape)
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    norm = sorted({d + rank if d < 0 else d for d in dims}) if rank else []
+    return ReductionDomain(shape=tuple(x.shape), dims=tuple(norm))
+
+
+def node_refusal(node: Node, config: Config) -> str | None:
+    """Why this single node cannot be in a generated kernel, or None if it can."""
+    if node.kind is OpKind.CONTRACTION:
+        return f"{node.op} is a contraction: it runs through ATen (cuBLAS/cuDNN); epilogue fusion is not generated yet"
+    if node.kind is OpKind.GETITEM:
+        return "getitem selects a result of a multi-output op: host-side, no kernel"
+    if not node.kind.fusible:
+        return f"{node.op} is opaque: it runs through ATen"
+    if node.dtype not in KERNEL_DTYPES:
+        return f"dtype {node.dtype} is not generated"
+    for a in node.input_nodes():
+        if a.dtype not in KERNEL_DTYPES:
+            return f"input %{a.name} has dtype {a.dtype}, which is not generated"
+    if node.kind is OpKind.REDUCTION:
+        if node.op not in GENERATED_REDUCTIONS:
+            return f"reduction overload {node.op} is not generated"
+        x = node.args[0]
+        assert isinstance(x, Node)
+        if x.dtype not in FLOAT_DTYPES or node.dtype not in FLOAT_DTYPES:
+            return f"integer/bool reduction ({x.dtype} -> {node.dtype}) runs through ATen"
+        dom = reduction_domain(node)
+        if dom.row_size > config.max_persistent_reduction:
+            return (f"reduced extent {dom.row_size} exceeds max_persistent_reduction="
+                    f"{config.max_persistent_reduction} (looped reductions are not generated yet)")
+        if packet_name(node.op) in ("sum", "mean") and node.kwargs.get("dtype") not in (None, node.dtype):
+            return "reduction with a dtype argument that differs from its result runs through ATen"
+    return None
+
+
+def check_group(nodes: list[Node], graph_outputs: set[Node], config: Config) -> KernelShape | str:
+    """KernelShape if `nodes` (topologically ordered) can be one generated kernel, else the reason."""
+    members = set(nodes)
+    outputs = tuple(n for n in nodes if n in graph_outputs or any(u not in members for u in n.users))
+    inputs = tuple(_external_inputs(nodes, members))
+    if len(nodes) > config.max_ops_per_kernel:
+        return f"{len(nodes)} ops exceed max_ops_per_kernel={config.max_ops_per_kernel}"
+    if len(inputs) + len(outputs) > config.max_kernel_args:
+        return f"{len(inputs) + len(outputs)} tensor arguments exceed max_kernel_args={config.max_kernel_args}"
+    for n in nodes:
+        reason = node_refusal(n, config)
+        if reason is not None:
+            return f"%{n.name}: {reason}"
+    if all(n.kind in (OpKind.VIEW, OpKind.BROADCAST) for n in nodes):
+        return "views alone need no kernel: they run as zero-copy aliases"
+    for n in outputs:
+        if n.kind in (OpKind.VIEW, OpKind.BROADCAST):
+            return f"view %{n.name} ({n.op}) is also needed outside the kernel: it stays a zero-copy alias"
+    if not outputs:
+        return "the group computes nothing that is used"
+
+    reductions = [n for n in nodes if n.kind is OpKind.REDUCTION]
+    if not reductions:
+        shapes = sorted({n.shape for n in outputs})
+        if len(shapes) > 1:
+            return f"outputs have different shapes {shapes}: one kernel writes one iteration shape"
+        return KernelShape(GroupKind.POINTWISE, inputs, outputs, shape=shapes[0])
+
+    domains = {reduction_domain(r) for r in reductions}
+    if len(domains) > 1:
+        desc = ", ".join(f"{list(d.shape)} over dims {list(d.dims)}" for d in sorted(domains, key=str))
+        return f"reductions over different domains ({desc}): one reduction domain per kernel"
+    (dom,) = domains
+    reason = _check_reduction_levels(nodes, members, outputs, dom)
+    if reason is not None:
+        return reason
+    return KernelShape(GroupKind.REDUCTION, inputs, outputs, domain=dom)
+
+
+def _check_reduction_levels(nodes: list[Node], members: set[Node], outputs: Iterable[Node],
+                            dom: ReductionDomain) -> str | None:
+    """Each program of a reduction kernel owns whole rows: values derived from a reduced value
+    must be a full row tile or one value per row, and must not move rows around."""
+    full, per_row = dom.shape, (dom.keepdim_shape, dom.outer_shape)
+    level: dict[Node, str] = {}  # "full" | "row" for members that depend on a reduction
+    for n in nodes:
+        if n.kind is OpKind.REDUCTION:
+            level[n] = "row"
+            continue
+        deps = [a for a in n.input_nodes() if a in members and a in level]
+        if not deps:
+            continue  # computed from loads alone: a pure function of its index, valid anywhere
+        if n.shape == full:
+            level[n] = "full"
+        elif n.shape in per_row:
+            level[n] = "row"
+        else:
+            return (f"%{n.name} has shape {list(n.shape)}, derived from a reduced value but neither the row "
+                    f"tile {list(full)} nor one value per row {list(dom.keepdim_shape)}")
+        for a in deps:
+            if level[n] == "full" and level[a] == "row" and a.shape != dom.keepdim_shape:
+                return (f"%{n.name} broadcasts reduced value %{a.name} of shape {list(a.shape)} over rows "
+                        f"(only the keepdim shape {list(dom.keepdim_shape)} keeps each row in one program)")
+            if level[n] == "row" and level[a] == "row" and not squeeze_equal(a.shape, n.shape):
+                return f"%{n.name} reshapes per-row value %{a.name} across rows"
+            if level[n] == "row" and level[a] == "full":
+                return f"%{n.name} turns row tile %{a.name} into a per-row value without a reduction"
+        if n.kind in (OpKind.VIEW, OpKind.BROADCAST) and level[n] == "full" and n.shape != n.args[0].shape \
+                and not (level.get(n.args[0]) == "row" and n.args[0].shape == dom.keepdim_shape):
+            return f"view %{n.name} rearranges a value derived from a reduction"
+    for n in outputs:
+        if n.shape != full and n.shape not in per_row:
+            return (f"output %{n.name} has shape {list(n.shape)}: a reduction kernel writes row tiles "
+                    f"{list(full)} or per-row values {list(dom.keepdim_shape)}")
+    return None
+
+
+def _external_inputs(nodes: list[Node], members: set[Node]) -> list[Node]:
+    seen: dict[Node, None] = {}
+    for n in nodes:
+        for a in n.input_nodes():
+            if a not in members and a.is_tensor:
+                seen.setdefault(a, None)
+    return list(seen)

@@ -1,0 +1,135 @@
+"""The fusion planner: greedy producer->consumer merging over the whole graph.
+
+Candidate edges are tried largest producer first (bytes kept out of device memory, Inductor's
+score_fusion order), repeatedly until nothing merges. A merge happens when legality accepts
+the union and it creates no cycle between groups. Every edge left between two groups gets a
+Refusal with its reason.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from streamfuse.config import Config
+from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal
+from streamfuse.fusion.legality import check_group, node_refusal
+from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.ops import OpKind
+
+
+def plan_fusion(graph: Graph, config: Config) -> Plan:
+    ops = graph.ops()
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    outputs = set(graph.output_nodes)
+    state = _Partition(ops, position)
+    fusible = {n: config.fuse and node_refusal(n, config) is None for n in ops}
+    edges = sorted(
+        ((p, c) for c in ops for p in c.input_nodes() if p in state.group_of),
+        key=lambda e: (-e[0].numel * e[0].itemsize, position[e[1]]),
+    )
+    fuel = config.fusion_fuel
+    merges = 0
+    changed = True
+    while changed and (fuel is None or merges < fuel):
+        changed = False
+        for p, c in edges:
+            if fuel is not None and merges >= fuel:
+                break
+            if not (fusible[p] and fusible[c]) or state.group_of[p] == state.group_of[c]:
+                continue
+            if _merge_refusal(state, p, c, outputs, config) is None:
+                state.merge(state.group_of[p], state.group_of[c])
+                merges += 1
+                changed = True
+
+    refusals = []
+    for p, c in edges:
+        if state.group_of[p] == state.group_of[c]:
+            continue
+        if not config.fuse:
+            reason = "fusion disabled (Config.fuse=False)"
+        elif not fusible[p]:
+            reason = f"producer {node_refusal(p, config)}"
+        elif not fusible[c]:
+            reason = f"consumer {node_refusal(c, config)}"
+        else:
+            reason = _merge_refusal(state, p, c, outputs, config) or "fusion fuel exhausted"
+        refusals.append(Refusal(p, c, reason))
+
+    groups = _build_groups(state, graph, outputs, config)
+    return Plan(graph=graph, groups=groups, refusals=refusals, merges=merges)
+
+
+class _Partition:
+    """Node -> group id, with the group DAG queries the planner needs."""
+
+    def __init__(self, ops: list[Node], position: dict[Node, int]):
+        self.position = position
+        self.group_of: dict[Node, int] = {n: i for i, n in enumerate(ops)}
+        self.members: dict[int, list[Node]] = {i: [n] for i, n in enumerate(ops)}
+
+    def merge(self, a: int, b: int) -> None:
+        for n in self.members[b]:
+            self.group_of[n] = a
+        self.members[a] = sorted(self.members[a] + self.members.pop(b), key=self.position.__getitem__)
+
+    def successors(self, g: int) -> set[int]:
+        return {self.group_of[u] for n in self.members[g] for u in n.users if u in self.group_of} - {g}
+
+    def path_through_other(self, src: int, dst: int) -> int | None:
+        """A group on a path src -> X -> dst (X not src or dst), if any: merging would make a cycle."""
+        stack = [s for s in self.successors(src) if s != dst]
+        seen = set(stack)
+        while stack:
+            g = stack.pop()
+            for s in self.successors(g):
+                if s == dst:
+                    return g
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return None
+
+
+def _merge_refusal(state: _Partition, p: Node, c: Node, outputs: set[Node], config: Config) -> str | None:
+    gp, gc = state.group_of[p], state.group_of[c]
+    via = state.path_through_other(gp, gc)
+    if via is not None:
+        first = state.members[via][0]
+        return f"merging would create a cycle through the group of %{first.name}"
+    union = sorted(state.members[gp] + state.members[gc], key=state.position.__getitem__)
+    result = check_group(union, outputs, config)
+    return result if isinstance(result, str) else None
+
+
+def _build_groups(state: _Partition, graph: Graph, outputs: set[Node], config: Config) -> list[Group]:
+    dag: nx.DiGraph = nx.DiGraph()
+    for gid in state.members:
+        dag.add_node(gid)
+        for s in state.successors(gid):
+            dag.add_edge(gid, s)
+    first = {gid: state.position[m[0]] for gid, m in state.members.items()}
+    order = list(nx.lexicographical_topological_sort(dag, key=first.__getitem__))
+    groups = []
+    for new_id, gid in enumerate(order):
+        nodes = state.members[gid]
+        groups.append(_make_group(new_id, nodes, outputs, config))
+    return groups
+
+
+def _make_group(gid: int, nodes: list[Node], outputs: set[Node], config: Config) -> Group:
+    head = nodes[0]
+    if len(nodes) == 1 and head.kind in (OpKind.VIEW, OpKind.BROADCAST, OpKind.GETITEM):
+        return _single(gid, GroupKind.ALIAS, head)
+    shape = check_group(nodes, outputs, config)
+    if isinstance(shape, str):  # only a lone node lands here: merged groups passed this check
+        group = _single(gid, GroupKind.ATEN, head)
+        group.note = node_refusal(head, config) or shape
+        return group
+    return Group(gid, shape.kind, nodes, inputs=list(shape.inputs), outputs=list(shape.outputs),
+                 shape=shape.shape, domain=shape.domain)
+
+
+def _single(gid: int, kind: GroupKind, node: Node) -> Group:
+    inputs = [a for a in node.input_nodes() if a.is_tensor]
+    return Group(gid, kind, [node], inputs=inputs, outputs=[node])

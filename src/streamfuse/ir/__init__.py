@@ -1,0 +1,1 @@
+"""streamfuse ir layer (see ARCHITECTURE.md in the docs)."""

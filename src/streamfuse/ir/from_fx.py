@@ -1,0 +1,160 @@
+"""Converter: an aten-level torch.fx GraphModule -> streamfuse Graph.
+
+The only module of ir/ that touches torch.fx. Shapes, dtypes and strides come from each fx
+node's meta["val"] (the fake tensors that AOTAutograd / export attach).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.fx
+
+from streamfuse.ir.graph import Arg, Graph, Node
+from streamfuse.ir.ops import OpKind, kind_of, refine_kind
+
+aten = torch.ops.aten
+
+# Side-effect-free ops that only assert metadata; they have no place in an executed plan.
+_DROPPED = {"aten._assert_tensor_metadata.default", "aten._assert_scalar.default"}
+
+
+class UnsupportedGraph(ValueError):
+    """The fx graph holds something the IR cannot represent (e.g. dynamic shapes)."""
+
+
+def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | None = None) -> Graph:
+    """Convert `gm`. Placeholders named in `bound` become compile-time constants (weights);
+    the others, in order, are the graph's inputs."""
+    bound = dict(bound or {})
+    env: dict[torch.fx.Node, Arg] = {}
+    nodes: list[Node] = []
+    inputs: list[Node] = []
+    constants: dict[Node, torch.Tensor] = {}
+    outputs: list[Arg] = []
+    names: set[str] = set()
+
+    def fresh(name: str) -> str:
+        base, i = name, 1
+        while name in names:
+            name, i = f"{base}_{i}", i + 1
+        names.add(name)
+        return name
+
+    def lookup(a: Any) -> Arg:
+        if isinstance(a, torch.fx.Node):
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(lookup(x) for x in a)
+        if isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+            raise UnsupportedGraph("dynamic shapes are not supported: the graph holds a symbolic size")
+        return a
+
+    for fx_node in gm.graph.nodes:
+        if fx_node.op == "placeholder":
+            node = _tensor_node(fresh(fx_node.name), "input", OpKind.INPUT, None, (), {}, fx_node)
+            nodes.append(node)
+            env[fx_node] = node
+            if fx_node.name in bound:
+                constants[node] = bound[fx_node.name]
+            else:
+                inputs.append(node)
+        elif fx_node.op == "get_attr":
+            value = _fetch_attr(gm, str(fx_node.target))
+            if not isinstance(value, torch.Tensor):
+                env[fx_node] = value
+                continue
+            node = Node(fresh(fx_node.name), "input", OpKind.INPUT, None, shape=tuple(value.shape),
+                        dtype=value.dtype, strides=tuple(value.stride()))
+            nodes.append(node)
+            constants[node] = value
+            env[fx_node] = node
+        elif fx_node.op == "call_function":
+            target = fx_node.target
+            qual = str(target)
+            if qual in _DROPPED:
+                continue
+            args, kwargs = lookup(fx_node.args), {k: lookup(v) for k, v in fx_node.kwargs.items()}
+            if target is operator.getitem and isinstance(args[0], (tuple, list)):
+                env[fx_node] = args[0][args[1]]  # a result of an op the converter lowered itself
+                continue
+            if target is operator.getitem:
+                node = _tensor_node(fresh(fx_node.name), "getitem", OpKind.GETITEM, operator.getitem,
+                                    args, kwargs, fx_node)
+            elif isinstance(target, torch._ops.OpOverload):
+                if target.overloadpacket in (aten.var_mean, aten.var) and target in _VAR_OVERLOADS:
+                    env[fx_node] = _lower_var(fresh, nodes, target, args, kwargs, fx_node)
+                    continue
+                kind = refine_kind(qual, kind_of(qual), args, kwargs)
+                node = _tensor_node(fresh(fx_node.name), qual, kind, target, args, kwargs, fx_node)
+            else:
+                node = _tensor_node(fresh(fx_node.name), getattr(target, "__name__", qual), OpKind.OPAQUE,
+                                    target, args, kwargs, fx_node)
+            nodes.append(node)
+            env[fx_node] = node
+        elif fx_node.op == "output":
+            (result,) = fx_node.args
+            flat = result if isinstance(result, (list, tuple)) else [result]
+            outputs = [lookup(r) for r in flat]
+        else:
+            raise UnsupportedGraph(f"fx node kind {fx_node.op!r} ({fx_node.name}) is not supported")
+
+    graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants)
+    graph.validate()
+    return graph
+
+
+_VAR_OVERLOADS = {aten.var_mean.correction, aten.var_mean.dim, aten.var.dim, aten.var.correction}
+
+
+def _lower_var(fresh: Any, nodes: list[Node], target: Any, args: tuple, kwargs: dict,
+               fx_node: torch.fx.Node) -> Node | tuple[Node, Node]:
+    """var / var_mean in any overload -> var.correction (+ mean.dim): reductions the planner
+    can put in one kernel."""
+    x = args[0]
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    if target in (aten.var_mean.dim, aten.var.dim):
+        unbiased = args[2] if len(args) > 2 else kwargs.get("unbiased", True)
+        correction = 1 if unbiased else 0
+        keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    else:
+        correction = kwargs.get("correction")
+        correction = 1 if correction is None else correction
+        keepdim = kwargs.get("keepdim", False)
+    val = fx_node.meta["val"]
+    var_val = val[0] if isinstance(val, (tuple, list)) else val
+    var = Node(fresh(fx_node.name + "_var"), "aten.var.correction", OpKind.REDUCTION, aten.var.correction,
+               (x, dims), {"correction": correction, "keepdim": keepdim}, **_meta(var_val))
+    nodes.append(var)
+    if target.overloadpacket is aten.var:
+        return var
+    mean = Node(fresh(fx_node.name + "_mean"), "aten.mean.dim", OpKind.REDUCTION, aten.mean.dim,
+                (x, dims, keepdim), {}, **_meta(val[1]))
+    nodes.append(mean)
+    return (var, mean)
+
+
+def _tensor_node(name: str, op: str, kind: OpKind, target: Any, args: tuple, kwargs: dict,
+                 fx_node: torch.fx.Node) -> Node:
+    val = fx_node.meta.get("val")
+    meta = _meta(val) if isinstance(val, torch.Tensor) else {}
+    if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in val.shape):
+        raise UnsupportedGraph(f"dynamic shapes are not supported ({fx_node.name} has shape {tuple(val.shape)})")
+    if not isinstance(val, torch.Tensor) and kind not in (OpKind.OPAQUE, OpKind.GETITEM, OpKind.INPUT):
+        kind = OpKind.OPAQUE  # a fusible op name with a non-tensor result (e.g. a tuple): run it in ATen
+    return Node(name, op, kind, target, tuple(args), dict(kwargs), **meta)
+
+
+def _meta(val: torch.Tensor) -> dict[str, Any]:
+    return {"shape": tuple(int(s) for s in val.shape), "dtype": val.dtype,
+            "strides": tuple(int(s) for s in val.stride())}
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,141 @@
+"""The graph IR: an explicit DAG of Nodes in topological order.
+
+A Node is one aten op (or a graph input). It records the op, its fusion kind, its
+arguments (other Nodes or Python constants, possibly nested in lists), and the meta of its
+result: shape, dtype, strides. Ops with several results are followed by `getitem` Nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from streamfuse.ir.ops import OpKind
+
+Arg = Any  # Node | int | float | bool | None | torch.dtype | list[Arg] | tuple[Arg, ...]
+
+
+@dataclass(eq=False)
+class Node:
+    name: str
+    op: str
+    """Qualified op name ("aten.add.Tensor"), "input" for graph inputs, "getitem"."""
+    kind: OpKind
+    target: Any
+    """The callable (a torch OpOverload, or operator.getitem); None for inputs."""
+    args: tuple[Arg, ...] = ()
+    kwargs: dict[str, Arg] = field(default_factory=dict)
+    shape: tuple[int, ...] = ()
+    dtype: torch.dtype | None = None
+    """None for a node whose result is a tuple (read through getitem nodes) or not a tensor."""
+    strides: tuple[int, ...] = ()
+    users: list[Node] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.dtype is not None
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize if self.dtype is not None else 0
+
+    def input_nodes(self) -> list[Node]:
+        """Distinct Node arguments, in order of first appearance."""
+        seen: list[Node] = []
+        for a in iter_nodes((self.args, tuple(self.kwargs.values()))):
+            if a not in seen:
+                seen.append(a)
+        return seen
+
+    def __repr__(self) -> str:
+        dt = str(self.dtype).replace("torch.", "") if self.dtype else "-"
+        return f"%{self.name}:{dt}{list(self.shape)}={self.op}"
+
+
+def iter_nodes(value: Arg) -> Iterator[Node]:
+    if isinstance(value, Node):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from iter_nodes(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from iter_nodes(v)
+
+
+def map_args(value: Arg, fn: Any) -> Arg:
+    """Replace every Node inside `value` (lists and tuples too) by fn(node)."""
+    if isinstance(value, Node):
+        return fn(value)
+    if isinstance(value, list):
+        return [map_args(v, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(map_args(v, fn) for v in value)
+    return value
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    """All nodes, inputs first, in a topological order."""
+    inputs: list[Node]
+    outputs: list[Arg]
+    """Flat list of results: Nodes, or constants/None for non-tensor results."""
+    constants: dict[Node, torch.Tensor] = field(default_factory=dict)
+    """INPUT nodes bound at compile time (parameters, buffers, lifted constants)."""
+
+    def __post_init__(self) -> None:
+        self.link_users()
+
+    def link_users(self) -> None:
+        for n in self.nodes:
+            n.users = []
+        for n in self.nodes:
+            for a in n.input_nodes():
+                a.users.append(n)
+
+    @property
+    def output_nodes(self) -> list[Node]:
+        return [o for o in self.outputs if isinstance(o, Node)]
+
+    def ops(self) -> list[Node]:
+        """The nodes that are operations (everything but graph inputs)."""
+        return [n for n in self.nodes if n.kind is not OpKind.INPUT]
+
+    def validate(self) -> None:
+        """Fail loudly on a non-topological order or a dangling reference."""
+        position = {n: i for i, n in enumerate(self.nodes)}
+        for i, n in enumerate(self.nodes):
+            for a in n.input_nodes():
+                if a not in position:
+                    raise ValueError(f"node {n!r} reads {a!r}, which is not in the graph")
+                if position[a] >= i:
+                    raise ValueError(f"graph is not topologically ordered: {n!r} before {a!r}")
+        for o in self.output_nodes:
+            if o not in position:
+                raise ValueError(f"graph output {o!r} is not in the graph")
+
+    def __str__(self) -> str:
+        lines = [f"graph({', '.join(repr(i) for i in self.inputs)})"]
+        for n in self.ops():
+            args = ", ".join(_fmt_arg(a) for a in n.args)
+            kw = "".join(f", {k}={_fmt_arg(v)}" for k, v in n.kwargs.items())
+            lines.append(f"  {n!r}({args}{kw})  [{n.kind.value}]")
+        lines.append(f"  return ({', '.join(_fmt_arg(o) for o in self.outputs)})")
+        return "\n".join(lines)
+
+
+def _fmt_arg(a: Arg) -> str:
+    if isinstance(a, Node):
+        return f"%{a.name}"
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
+    return repr(a)

@@ -1,0 +1,208 @@
+"""Index algebra: how a view or broadcast maps an index of its output to an index of its input.
+
+An index is a tuple of `Expr`, one per dimension. An Expr is integer arithmetic in Python
+syntax (`+ * // %`, which Triton shares) over named index variables, with the set of
+variables it depends on. Fusion uses this to check legality; codegen to emit loads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from streamfuse.ir.graph import Node
+from streamfuse.ir.ops import packet_name
+
+
+@dataclass(frozen=True)
+class Expr:
+    text: str
+    deps: frozenset[str] = frozenset()
+
+    @staticmethod
+    def var(name: str) -> Expr:
+        return Expr(name, frozenset({name}))
+
+    @staticmethod
+    def const(value: int) -> Expr:
+        return Expr(str(value))
+
+    @property
+    def is_zero(self) -> bool:
+        return self.text == "0"
+
+    def __add__(self, other: Expr | int) -> Expr:
+        other = _lift(other)
+        if other.is_zero:
+            return self
+        if self.is_zero:
+            return other
+        return Expr(f"{self.text} + {other.text}", self.deps | other.deps)
+
+    def __mul__(self, other: Expr | int) -> Expr:
+        other = _lift(other)
+        if self.is_zero or other.is_zero:
+            return ZERO
+        if other.text == "1":
+            return self
+        if self.text == "1":
+            return other
+        return Expr(f"{_paren(self)} * {_paren(other)}", self.deps | other.deps)
+
+    def floordiv(self, divisor: int) -> Expr:
+        if divisor == 1 or self.is_zero:
+            return self
+        return Expr(f"{_paren(self)} // {divisor}", self.deps)
+
+    def mod(self, modulus: int) -> Expr:
+        if modulus == 1:
+            return ZERO
+        return Expr(f"{_paren(self)} % {modulus}", self.deps)
+
+
+ZERO = Expr("0")
+Index = tuple[Expr, ...]
+
+
+def _lift(v: Expr | int) -> Expr:
+    return v if isinstance(v, Expr) else Expr.const(v)
+
+
+def _paren(e: Expr) -> str:
+    simple = e.text.replace("_", "").isalnum()
+    return e.text if simple else f"({e.text})"
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def linearize(index: Index, shape: Sequence[int]) -> Expr:
+    """Row-major linear offset of `index` in a tensor of `shape`."""
+    out = ZERO
+    for e, st, size in zip(index, contiguous_strides(shape), shape, strict=True):
+        if size != 1:
+            out = out + e * st
+    return out
+
+
+def delinearize(linear: Expr, shape: Sequence[int]) -> Index:
+    """Inverse of `linearize` for offsets inside `shape`."""
+    strides = contiguous_strides(shape)
+    out = []
+    outermost = True
+    for size, st in zip(shape, strides, strict=True):
+        if size == 1:
+            out.append(ZERO)
+            continue
+        e = linear.floordiv(st)
+        out.append(e if outermost else e.mod(size))
+        outermost = False
+    return tuple(out)
+
+
+def broadcast_index(index: Index, in_shape: Sequence[int], out_shape: Sequence[int]) -> Index:
+    """Index into an input of `in_shape` that broadcasts (numpy rules) to `out_shape`."""
+    offset = len(out_shape) - len(in_shape)
+    if offset < 0:
+        raise ValueError(f"cannot broadcast {tuple(in_shape)} to {tuple(out_shape)}")
+    return tuple(ZERO if s == 1 else index[offset + k] for k, s in enumerate(in_shape))
+
+
+def reshape_index(index: Index, in_shape: Sequence[int], out_shape: Sequence[int]) -> Index:
+    """Index into the input of a row-major reshape `in_shape -> out_shape`.
+
+    Dimensions are matched in runs of equal products, so that dims a reshape leaves alone map
+    one to one (and size-1 dims vanish) instead of going through a full linearization."""
+    if math.prod(in_shape) != math.prod(out_shape):
+        raise ValueError(f"reshape changes numel: {tuple(in_shape)} -> {tuple(out_shape)}")
+    ins = [k for k, s in enumerate(in_shape) if s != 1]
+    outs = [k for k, s in enumerate(out_shape) if s != 1]
+    result: list[Expr] = [ZERO] * len(in_shape)
+    i = j = 0
+    while i < len(ins) or j < len(outs):
+        gi, gj = [ins[i]], [outs[j]]
+        i, j = i + 1, j + 1
+        pi, pj = in_shape[gi[0]], out_shape[gj[0]]
+        while pi != pj:
+            if pi < pj:
+                gi.append(ins[i])
+                pi *= in_shape[ins[i]]
+                i += 1
+            else:
+                gj.append(outs[j])
+                pj *= out_shape[outs[j]]
+                j += 1
+        if len(gi) == 1 and len(gj) == 1:
+            result[gi[0]] = index[gj[0]]
+            continue
+        lin = linearize(tuple(index[k] for k in gj), [out_shape[k] for k in gj])
+        for k, e in zip(gi, delinearize(lin, [in_shape[k] for k in gi]), strict=True):
+            result[k] = e
+    return tuple(result)
+
+
+def view_input_index(node: Node, index: Index) -> Index:
+    """Map an index of view/broadcast node `node`'s output to an index of its input (args[0])."""
+    src = node.args[0]
+    assert isinstance(src, Node)
+    in_shape, out_shape = src.shape, node.shape
+    name = packet_name(node.op)
+    if name in ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze"):
+        return reshape_index(index, in_shape, out_shape)
+    if name == "expand":
+        return broadcast_index(index, in_shape, out_shape)
+    if name in ("permute", "transpose", "t"):
+        perm = permutation(node)
+        result: list[Expr] = [ZERO] * len(in_shape)
+        for out_dim, in_dim in enumerate(perm):
+            result[in_dim] = index[out_dim]
+        return tuple(result)
+    if name == "slice":
+        dim = _norm_dim(node.args[1] if len(node.args) > 1 else 0, len(in_shape))
+        start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
+        step = node.args[4] if len(node.args) > 4 else 1
+        start = _clamp_start(start, in_shape[dim])
+        out = list(index)
+        out[dim] = index[dim] * step + start
+        return tuple(out)
+    if name == "select":
+        dim = _norm_dim(node.args[1], len(in_shape))
+        pos = node.args[2]
+        pos = pos + in_shape[dim] if pos < 0 else pos
+        return tuple(index[:dim]) + (Expr.const(pos),) + tuple(index[dim:])
+    raise NotImplementedError(f"no index map for {node.op}")
+
+
+def permutation(node: Node) -> list[int]:
+    """Output dim k of a permute/transpose reads input dim perm[k]."""
+    rank = len(node.shape)
+    name = packet_name(node.op)
+    if name == "permute":
+        return [_norm_dim(d, rank) for d in node.args[1]]
+    perm = list(range(rank))
+    if name == "t":
+        return perm[::-1]
+    a, b = _norm_dim(node.args[1], rank), _norm_dim(node.args[2], rank)
+    perm[a], perm[b] = perm[b], perm[a]
+    return perm
+
+
+def _norm_dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _clamp_start(start: int, size: int) -> int:
+    if start < 0:
+        start += size
+    return min(max(start, 0), size)
+
+
+def squeeze_equal(a: Sequence[int], b: Sequence[int]) -> bool:
+    """True if the shapes differ only by size-1 dimensions."""
+    return [s for s in a if s != 1] == [s for s in b if s != 1]

@@ -1,0 +1,98 @@
+"""The op-kind table (fusion legality classes, after TVM's FuseOps and XLA).
+
+Keys are aten overload packets ("aten.add"); an overload ("aten.add.Tensor") takes its
+packet's kind unless listed itself. Anything absent is OPAQUE: it runs through ATen, and a
+model never fails to compile because of it.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class OpKind(enum.Enum):
+    INPUT = "input"
+    POINTWISE = "pointwise"
+    BROADCAST = "broadcast"
+    VIEW = "view"
+    REDUCTION = "reduction"
+    CONTRACTION = "contraction"
+    OPAQUE = "opaque"
+    GETITEM = "getitem"
+
+    @property
+    def fusible(self) -> bool:
+        return self in (OpKind.POINTWISE, OpKind.BROADCAST, OpKind.VIEW, OpKind.REDUCTION)
+
+
+_POINTWISE = """
+add sub rsub mul div neg abs exp exp2 log log2 sqrt rsqrt reciprocal sigmoid tanh erf relu
+gelu silu sin cos floor ceil maximum minimum clamp clamp_min clamp_max where
+masked_fill pow eq ne gt ge lt le logical_not logical_and logical_or _to_copy clone
+alias leaky_relu hardtanh
+""".split()
+
+_VIEW = """
+view _unsafe_view reshape permute transpose t unsqueeze squeeze slice select
+""".split()
+
+_BROADCAST = ["expand"]
+
+_REDUCTION = ["sum", "mean", "amax", "amin", "var"]
+
+_CONTRACTION = ["mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "convolution", "_convolution"]
+
+OP_KINDS: dict[str, OpKind] = {
+    **{f"aten.{n}": OpKind.POINTWISE for n in _POINTWISE},
+    **{f"aten.{n}": OpKind.VIEW for n in _VIEW},
+    **{f"aten.{n}": OpKind.BROADCAST for n in _BROADCAST},
+    **{f"aten.{n}": OpKind.REDUCTION for n in _REDUCTION},
+    **{f"aten.{n}": OpKind.CONTRACTION for n in _CONTRACTION},
+}
+
+# Overloads whose semantics differ from the packet's default and that v1 does not generate.
+OPAQUE_OVERLOADS = frozenset(
+    {
+        "aten.div.Tensor_mode",  # floor/trunc rounding
+        "aten.div.Scalar_mode",
+        "aten.sum.default",  # full reduction to a scalar: ATen's tree reduction is better
+        "aten.pow.Tensor_Tensor",
+        "aten.pow.Scalar",
+        "aten.copy.default",  # copy_ into an existing buffer (mutation)
+    }
+)
+
+
+def kind_of(qualified_name: str) -> OpKind:
+    """Kind of an overload given as "aten.add.Tensor"."""
+    if qualified_name in OPAQUE_OVERLOADS:
+        return OpKind.OPAQUE
+    packet = qualified_name.rsplit(".", 1)[0] if qualified_name.count(".") >= 2 else qualified_name
+    return OP_KINDS.get(packet, OpKind.OPAQUE)
+
+
+def packet_name(qualified_name: str) -> str:
+    """"aten.add.Tensor" -> "add"."""
+    parts = qualified_name.split(".")
+    return parts[1] if len(parts) >= 2 else qualified_name
+
+
+def refine_kind(qualified_name: str, kind: OpKind, args: tuple, kwargs: dict) -> OpKind:
+    """Argument-dependent exceptions to the table: cases the generated code does not cover."""
+    name = packet_name(qualified_name)
+    if name == "pow" and kind is OpKind.POINTWISE:
+        exponent = args[1] if len(args) > 1 else kwargs.get("exponent")
+        if not (isinstance(exponent, (int, float)) and float(exponent) in POW_FAST_EXPONENTS):
+            return OpKind.OPAQUE
+    if name in ("_to_copy", "clone") and kind is OpKind.POINTWISE:
+        if kwargs.get("device") is not None:
+            return OpKind.OPAQUE  # a device move is a copy ATen does best
+        layout = kwargs.get("memory_format")
+        if layout is not None and layout != torch.contiguous_format:
+            return OpKind.OPAQUE  # e.g. channels_last: the output layout matters to later ops
+    return kind
+
+
+POW_FAST_EXPONENTS = frozenset({-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 3.0, 4.0})

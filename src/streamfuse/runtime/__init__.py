@@ -1,0 +1,1 @@
+"""streamfuse runtime layer (see ARCHITECTURE.md in the docs)."""

@@ -1,0 +1,78 @@
+"""Executable steps: one per planned group, each reading and writing slots of an environment.
+
+A slot is a node's position in the graph; the environment is a list indexed by slot. Steps
+run in plan order; after each step the slots nobody reads any more are released.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from streamfuse.codegen.kernel import KernelSource
+from streamfuse.fusion.groups import Group, GroupKind
+from streamfuse.ir.graph import Arg, Node, map_args
+
+Env = list[Any]
+
+
+def resolve(value: Arg, env: Env, slot: dict[Node, int]) -> Any:
+    return map_args(value, lambda n: env[slot[n]])
+
+
+@dataclass
+class NodeStep:
+    """Run the group's nodes one by one through torch: ATen/alias groups, and every group
+    under the reference executor."""
+
+    group: Group
+    slot: dict[Node, int]
+
+    def run(self, env: Env) -> None:
+        for node in self.group.nodes:
+            args = resolve(node.args, env, self.slot)
+            kwargs = {k: resolve(v, env, self.slot) for k, v in node.kwargs.items()}
+            target = node.target if node.target is not None else operator.getitem
+            env[self.slot[node]] = target(*args, **kwargs)
+
+
+@dataclass
+class KernelStep:
+    """Launch one generated Triton kernel."""
+
+    group: Group
+    source: KernelSource
+    kernel: Any
+    in_slots: list[int]
+    out_slots: list[int]
+    out_meta: list[tuple[tuple[int, ...], torch.dtype]]
+    device: torch.device
+
+    def run(self, env: Env) -> None:
+        args: list[Any] = []
+        for s, dims in zip(self.in_slots, self.source.input_stride_dims, strict=True):
+            t = env[s]
+            args.append(t)
+            args.extend(t.stride(d) for d in dims)
+        outs = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.out_meta]
+        self.kernel[self.source.grid](*args, *outs, num_warps=self.source.num_warps, **self.source.constexprs)
+        for s, t in zip(self.out_slots, outs, strict=True):
+            env[s] = t
+
+
+Step = NodeStep | KernelStep
+
+
+def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict[Node, int],
+                     device: torch.device) -> KernelStep:
+    assert group.kind in (GroupKind.POINTWISE, GroupKind.REDUCTION)
+    return KernelStep(
+        group=group, source=source, kernel=kernel,
+        in_slots=[slot[n] for n in source.inputs],
+        out_slots=[slot[n] for n in source.outputs],
+        out_meta=[(n.shape, n.dtype) for n in source.outputs],  # type: ignore[misc]
+        device=device,
+    )
