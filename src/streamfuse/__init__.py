@@ -38,7 +38,7 @@ def compile(  # noqa: A001 - mirrors torch.compile
     inputs = normalize_inputs(example_inputs)
     captured = capture(model, inputs)
     graph = graph_from_fx(captured.gm, captured.bound)
-    call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated)
+    call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
     return build(graph, config or Config(), graph_device(graph, inputs), call)
 
 

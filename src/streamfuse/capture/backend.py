@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
 
 from streamfuse.capture.decomp import decomposition_table
 from streamfuse.config import Config
@@ -26,7 +25,12 @@ def _compiler(config: Config) -> Any:
         graph = graph_from_fx(gm)
         compiled = build(graph, config, graph_device(graph, example_inputs))
         compiled_graphs.append(compiled)
-        return make_boxed_func(compiled.run_flat)
+
+        def run(args: list[Any]) -> list[Any]:
+            return compiled.run_flat(args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes the args list itself
+        return run
 
     return compile_aten_graph
 

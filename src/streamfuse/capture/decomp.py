@@ -2,8 +2,9 @@
 
 Core ATen decompositions, plus softmax / log_softmax / layer_norm lowered to the
 reductions and pointwise ops the fusion planner understands. var and var_mean stay whole
-(their reference decompositions go through prims that cannot be functionalized); the IR
-converter splits var_mean into var + mean.
+(their reference decompositions go through prims that cannot be functionalized), and so does
+inference batch-norm (its decomposition goes through a mutating op): ir/lowerings.py lowers
+them while converting.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
-_EXTRA = [aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu_backward]
+_EXTRA = [
+    aten._softmax,
+    aten._log_softmax,
+    aten.native_layer_norm,
+    aten.gelu_backward,
+]
 _KEEP_WHOLE = [aten.var_mean, aten.var, aten.gelu]
 
 

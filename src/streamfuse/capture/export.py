@@ -7,6 +7,8 @@ buffers are bound to the module's own tensors, so in-place weight updates stay v
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +35,19 @@ class Captured:
     bound: dict[str, torch.Tensor]
     """Placeholder name -> parameter, buffer or constant tensor."""
     out_spec: pytree.TreeSpec
+    input_names: list[str]
     mutated: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+
+
+def parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
+    """Names of the first `count` positional parameters of fn (args_i where it has none)."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    names = [p.name for p in params[:count]]
+    return names + [f"args_{i}" for i in range(len(names), count)]
 
 
 def normalize_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -52,8 +66,10 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
     if not callable(model):
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
-    ep = torch.export.export(module, tuple(example_inputs), strict=False)
-    ep = ep.run_decompositions(decomposition_table())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch-internal pytree deprecations
+        ep = torch.export.export(module, tuple(example_inputs), strict=False)
+        ep = ep.run_decompositions(decomposition_table())
     live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     bound: dict[str, torch.Tensor] = {}
     for spec in ep.graph_signature.input_specs:
@@ -72,4 +88,6 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
                                       "does not support input mutation (torch.compile(backend='streamfuse') does)")
         elif spec.kind != OutputKind.USER_OUTPUT:
             raise NotImplementedError(f"export output kind {spec.kind} is not supported")
-    return Captured(gm=ep.graph_module, bound=bound, out_spec=ep.call_spec.out_spec, mutated=mutated)
+    names = parameter_names(module.forward if module is model else model, len(example_inputs))
+    return Captured(gm=ep.graph_module, bound=bound, out_spec=ep.call_spec.out_spec, input_names=names,
+                    mutated=mutated)

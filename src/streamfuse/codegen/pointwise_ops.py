@@ -100,6 +100,9 @@ def emit_pointwise(node: Node, args: list[Any], target: str) -> str:
         a = args[i]
         return cast(a if isinstance(a, Operand) else scalar(a), to)
 
+    if name in ("scalar_tensor", "full"):
+        value = args[0] if name == "scalar_tensor" else args[1]
+        return f"tl.full([1], {literal(value)}, {TL_DTYPE[out]})"
     if name in _COMPARE:
         work = _compare_type(ops + [scalar(a) for a in args[1:2] if not isinstance(a, Operand)])
         return f"({t(0, work)} {_COMPARE[name]} {t(1, work)})"

@@ -61,6 +61,8 @@ def node_refusal(node: Node, config: Config) -> str | None:
         return "getitem selects a result of a multi-output op: host-side, no kernel"
     if not node.kind.fusible:
         return f"{node.op} is opaque: it runs through ATen"
+    if not node.is_tensor:
+        return f"{node.op} has several results: it runs on the host as zero-copy views"
     if node.dtype not in KERNEL_DTYPES:
         return f"dtype {node.dtype} is not generated"
     for a in node.input_nodes():

@@ -14,7 +14,8 @@ import torch
 import torch.fx
 
 from streamfuse.ir.graph import Arg, Graph, Node
-from streamfuse.ir.ops import OpKind, kind_of, refine_kind
+from streamfuse.ir.lowerings import LOWERINGS, Builder as _Builder
+from streamfuse.ir.ops import MULTI_VIEWS, OpKind, kind_of, refine_kind
 
 aten = torch.ops.aten
 
@@ -85,8 +86,10 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                 node = _tensor_node(fresh(fx_node.name), "getitem", OpKind.GETITEM, operator.getitem,
                                     args, kwargs, fx_node)
             elif isinstance(target, torch._ops.OpOverload):
-                if target.overloadpacket in (aten.var_mean, aten.var) and target in _VAR_OVERLOADS:
-                    env[fx_node] = _lower_var(fresh, nodes, target, args, kwargs, fx_node)
+                lowering = LOWERINGS.get(target)
+                if lowering is not None:
+                    val = fx_node.meta["val"]
+                    env[fx_node] = lowering(_Builder(fresh, nodes), target, args, kwargs, val)
                     continue
                 kind = refine_kind(qual, kind_of(qual), args, kwargs)
                 node = _tensor_node(fresh(fx_node.name), qual, kind, target, args, kwargs, fx_node)
@@ -102,39 +105,11 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
         else:
             raise UnsupportedGraph(f"fx node kind {fx_node.op!r} ({fx_node.name}) is not supported")
 
-    graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants)
+    source_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function"
+                     and n.target is not operator.getitem and str(n.target) not in _DROPPED)
+    graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, source_ops=source_ops)
     graph.validate()
     return graph
-
-
-_VAR_OVERLOADS = {aten.var_mean.correction, aten.var_mean.dim, aten.var.dim, aten.var.correction}
-
-
-def _lower_var(fresh: Any, nodes: list[Node], target: Any, args: tuple, kwargs: dict,
-               fx_node: torch.fx.Node) -> Node | tuple[Node, Node]:
-    """var / var_mean in any overload -> var.correction (+ mean.dim): reductions the planner
-    can put in one kernel."""
-    x = args[0]
-    dims = args[1] if len(args) > 1 else kwargs.get("dim")
-    if target in (aten.var_mean.dim, aten.var.dim):
-        unbiased = args[2] if len(args) > 2 else kwargs.get("unbiased", True)
-        correction = 1 if unbiased else 0
-        keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
-    else:
-        correction = kwargs.get("correction")
-        correction = 1 if correction is None else correction
-        keepdim = kwargs.get("keepdim", False)
-    val = fx_node.meta["val"]
-    var_val = val[0] if isinstance(val, (tuple, list)) else val
-    var = Node(fresh(fx_node.name + "_var"), "aten.var.correction", OpKind.REDUCTION, aten.var.correction,
-               (x, dims), {"correction": correction, "keepdim": keepdim}, **_meta(var_val))
-    nodes.append(var)
-    if target.overloadpacket is aten.var:
-        return var
-    mean = Node(fresh(fx_node.name + "_mean"), "aten.mean.dim", OpKind.REDUCTION, aten.mean.dim,
-                (x, dims, keepdim), {}, **_meta(val[1]))
-    nodes.append(mean)
-    return (var, mean)
 
 
 def _tensor_node(name: str, op: str, kind: OpKind, target: Any, args: tuple, kwargs: dict,
@@ -143,7 +118,9 @@ def _tensor_node(name: str, op: str, kind: OpKind, target: Any, args: tuple, kwa
     meta = _meta(val) if isinstance(val, torch.Tensor) else {}
     if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in val.shape):
         raise UnsupportedGraph(f"dynamic shapes are not supported ({fx_node.name} has shape {tuple(val.shape)})")
-    if not isinstance(val, torch.Tensor) and kind not in (OpKind.OPAQUE, OpKind.GETITEM, OpKind.INPUT):
+    multi_view = kind is OpKind.VIEW and op.rsplit(".", 1)[0] in MULTI_VIEWS
+    if not isinstance(val, torch.Tensor) and kind not in (OpKind.OPAQUE, OpKind.GETITEM, OpKind.INPUT) \
+            and not multi_view:
         kind = OpKind.OPAQUE  # a fusible op name with a non-tensor result (e.g. a tuple): run it in ATen
     return Node(name, op, kind, target, tuple(args), dict(kwargs), **meta)
 

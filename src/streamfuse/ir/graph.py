@@ -91,6 +91,8 @@ class Graph:
     """Flat list of results: Nodes, or constants/None for non-tensor results."""
     constants: dict[Node, torch.Tensor] = field(default_factory=dict)
     """INPUT nodes bound at compile time (parameters, buffers, lifted constants)."""
+    source_ops: int = 0
+    """aten ops in the captured graph (before streamfuse's own lowerings; getitem excluded)."""
 
     def __post_init__(self) -> None:
         self.link_users()

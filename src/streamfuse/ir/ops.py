@@ -31,12 +31,15 @@ _POINTWISE = """
 add sub rsub mul div neg abs exp exp2 log log2 sqrt rsqrt reciprocal sigmoid tanh erf relu
 gelu silu sin cos floor ceil maximum minimum clamp clamp_min clamp_max where
 masked_fill pow eq ne gt ge lt le logical_not logical_and logical_or _to_copy clone
-alias leaky_relu hardtanh
+alias leaky_relu hardtanh scalar_tensor full
 """.split()
 
 _VIEW = """
 view _unsafe_view reshape permute transpose t unsqueeze squeeze slice select
 """.split()
+
+# Views with several results (read through getitem): zero-copy, run on the host.
+MULTI_VIEWS = frozenset({"aten.split", "aten.split_with_sizes", "aten.unbind", "aten.chunk", "aten.tensor_split"})
 
 _BROADCAST = ["expand"]
 
@@ -50,6 +53,7 @@ OP_KINDS: dict[str, OpKind] = {
     **{f"aten.{n}": OpKind.BROADCAST for n in _BROADCAST},
     **{f"aten.{n}": OpKind.REDUCTION for n in _REDUCTION},
     **{f"aten.{n}": OpKind.CONTRACTION for n in _CONTRACTION},
+    **{n: OpKind.VIEW for n in MULTI_VIEWS},
 }
 
 # Overloads whose semantics differ from the packet's default and that v1 does not generate.

@@ -19,7 +19,6 @@ from streamfuse.config import Config
 from streamfuse.fusion.groups import GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.ir.ops import OpKind
 from streamfuse.runtime.steps import KernelStep, NodeStep, Step, make_kernel_step
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
@@ -32,7 +31,9 @@ class CallSpec:
     out_spec: pytree.TreeSpec | None = None
     """Rebuild the model's output structure; None returns the flat list."""
     mutated: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-    """(flat output index, tensor): results that update a buffer or input in place, as eager would."""
+    """(flat output index, tensor): results that update a buffer in place, as eager would."""
+    input_names: list[str] | None = None
+    """Names for error messages (the model's parameter names); None uses the graph's."""
 
 
 def resolve_executor(config: Config, device: torch.device) -> str:
@@ -102,7 +103,8 @@ class CompiledGraph:
             target.copy_(flat[index])
         if self.call.out_spec is None:
             return flat
-        user = [v for i, v in enumerate(flat) if i not in {m for m, _ in self.call.mutated}]
+        mutated = {m for m, _ in self.call.mutated}
+        user = [v for i, v in enumerate(flat) if i not in mutated]
         return pytree.tree_unflatten(user, self.call.out_spec)
 
     def run_flat(self, inputs: list[Any]) -> list[Any]:
@@ -125,17 +127,18 @@ class CompiledGraph:
         if len(inputs) != len(expected):
             raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
         checked = []
-        for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
+        names = self.call.input_names or [n.name for n in expected]
+        for i, (t, node, name) in enumerate(zip(inputs, expected, names, strict=True)):
             want = f"a {node.dtype} tensor of shape {tuple(node.shape)} on {self.device}"
             if not isinstance(t, torch.Tensor):
-                raise ValueError(f"input {i} ({node.name}): expected {want}, got {type(t).__name__}")
+                raise ValueError(f"input {i} ({name}): expected {want}, got {type(t).__name__}")
             if tuple(t.shape) != node.shape:
-                raise ValueError(f"input {i} ({node.name}): expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
+                raise ValueError(f"input {i} ({name}): expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
                                  " (shapes are fixed at compile time; compile again for a new shape)")
             if t.dtype != node.dtype:
-                raise ValueError(f"input {i} ({node.name}): expected dtype {node.dtype}, got {t.dtype}")
+                raise ValueError(f"input {i} ({name}): expected dtype {node.dtype}, got {t.dtype}")
             if t.device.type != self.device.type or (self.device.index is not None and t.device != self.device):
-                raise ValueError(f"input {i} ({node.name}): expected device {self.device}, got {t.device}")
+                raise ValueError(f"input {i} ({name}): expected device {self.device}, got {t.device}")
             if not t.is_contiguous() and _is_contiguous(node):
                 t = t.contiguous()  # documented copy: the plan was traced with a contiguous input
             checked.append(t)
@@ -163,7 +166,7 @@ class CompiledGraph:
         groups = self.plan.groups
         generated = [g for g in groups if g.kind.generated]
         return {
-            "source_ops": sum(1 for n in self.graph.ops() if n.kind is not OpKind.GETITEM),
+            "source_ops": self.graph.source_ops,
             "kernels": sum(g.launches for g in groups),
             "generated_kernels": len(generated),
             "aten_kernels": sum(1 for g in groups if g.kind is GroupKind.ATEN),

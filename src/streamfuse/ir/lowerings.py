@@ -1,0 +1,102 @@
+"""Lowerings applied while converting: aten ops whose torch decompositions cannot be used at
+capture (they go through prims or mutating ops), rewritten into ops the planner fuses.
+
+- var / var_mean (every overload) -> var.correction (+ mean.dim)
+- inference batch-norm -> (x - mean) * rsqrt(var + eps) * weight + bias, per channel
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from streamfuse.ir.graph import Arg, Node
+from streamfuse.ir.indexing import contiguous_strides
+from streamfuse.ir.ops import OpKind, kind_of
+
+aten = torch.ops.aten
+
+
+@dataclass
+class Builder:
+    """Appends new nodes to the graph being converted."""
+
+    fresh: Callable[[str], str]
+    nodes: list[Node]
+
+    def add(self, name: str, target: Any, args: tuple, kwargs: dict | None = None, *,
+            shape: tuple[int, ...], dtype: torch.dtype) -> Node:
+        qual = str(target)
+        node = Node(self.fresh(name), qual, kind_of(qual), target, args, kwargs or {},
+                    shape=tuple(shape), dtype=dtype, strides=contiguous_strides(shape))
+        self.nodes.append(node)
+        return node
+
+
+def _lower_var(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg:
+    x = args[0]
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    if target in (aten.var_mean.dim, aten.var.dim):
+        unbiased = args[2] if len(args) > 2 else kwargs.get("unbiased", True)
+        correction = 1 if unbiased else 0
+        keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    else:
+        correction = kwargs.get("correction")
+        correction = 1 if correction is None else correction
+        keepdim = kwargs.get("keepdim", False)
+    var_val = val[0] if isinstance(val, (tuple, list)) else val
+    var = b.add("var", aten.var.correction, (x, dims), {"correction": correction, "keepdim": keepdim},
+                shape=tuple(var_val.shape), dtype=var_val.dtype)
+    if target.overloadpacket is aten.var:
+        return var
+    mean = b.add("mean", aten.mean.dim, (x, dims, keepdim), shape=tuple(val[1].shape), dtype=val[1].dtype)
+    return (var, mean)
+
+
+def _lower_batch_norm(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg:
+    x, weight, bias, mean, var = args[:5]
+    eps = args[6] if len(args) > 6 else kwargs.get("eps", 1e-5)
+    assert isinstance(x, Node) and isinstance(mean, Node) and isinstance(var, Node)
+    per_channel = (1, x.shape[1]) + (1,) * (len(x.shape) - 2)
+    wide = torch.promote_types(x.dtype, mean.dtype)
+
+    def channel(t: Node) -> Node:
+        return b.add(f"{t.name}_c", aten.view.default, (t, list(per_channel)), shape=per_channel, dtype=t.dtype)
+
+    full = x.shape
+    y = b.add("bn_centered", aten.sub.Tensor, (x, channel(mean)), shape=full, dtype=wide)
+    shifted = b.add("bn_var_eps", aten.add.Tensor, (channel(var), eps), shape=per_channel, dtype=var.dtype)
+    rstd = b.add("bn_rstd", aten.rsqrt.default, (shifted,), shape=per_channel, dtype=var.dtype)
+    y = b.add("bn_normed", aten.mul.Tensor, (y, rstd), shape=full, dtype=wide)
+    if isinstance(weight, Node):
+        y = b.add("bn_scaled", aten.mul.Tensor, (y, channel(weight)), shape=full,
+                  dtype=torch.promote_types(wide, weight.dtype))
+    if isinstance(bias, Node):
+        y = b.add("bn_shifted", aten.add.Tensor, (y, channel(bias)), shape=full,
+                  dtype=torch.promote_types(y.dtype, bias.dtype))
+    out_dtype = val[0].dtype
+    if y.dtype != out_dtype:
+        y = b.add("bn_out", aten._to_copy.default, (y,), {"dtype": out_dtype}, shape=full, dtype=out_dtype)
+    return (y, _Unused("batch-norm saved mean"), _Unused("batch-norm saved rstd"))
+
+
+class _Unused:
+    """A result the lowering does not produce; reading it is a converter error."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<unused {self.what}>"
+
+
+LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg]] = {
+    aten.var_mean.correction: _lower_var,
+    aten.var_mean.dim: _lower_var,
+    aten.var.dim: _lower_var,
+    aten.var.correction: _lower_var,
+    aten._native_batch_norm_legit_no_training.default: _lower_batch_norm,
+}

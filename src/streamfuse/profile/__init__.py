@@ -1,0 +1,1 @@
+"""Measurement: timing on the GPU (CUDA events), later timelines and reports."""

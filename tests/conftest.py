@@ -1,0 +1,36 @@
+"""Test set-up: without CUDA, generated kernels run in Triton's interpreter.
+
+TRITON_INTERPRET must be set before triton is first imported, hence at the top of conftest.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from streamfuse import Config  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
+    return Config(cache_dir=tmp_path_factory.mktemp("streamfuse-cache"))
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

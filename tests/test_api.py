@@ -1,0 +1,181 @@
+"""The user-facing surface: streamfuse.compile, the torch.compile backend, errors, stats, explain, CLI."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_close_to_reference, randn
+
+import streamfuse
+from streamfuse import Config
+from streamfuse.capture import backend as backend_module
+from streamfuse.cli import main
+from streamfuse.codegen.cache import load_kernel
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(32)
+        self.fc = torch.nn.Linear(32, 64)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.fc(self.ln(x))
+        return {"act": F.gelu(h), "probs": torch.softmax(h, -1)}
+
+
+def test_compile_module_keeps_output_structure(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = Block().eval().to(device)
+    x = randn(4, 32, device=device)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        out = compiled(x)
+        ref = model(x)
+    assert isinstance(out, dict) and set(out) == {"act", "probs"}
+    for k in ref:
+        torch.testing.assert_close(out[k], ref[k], rtol=1e-4, atol=1e-5)
+
+
+def test_compile_accepts_a_single_tensor_and_weight_updates_are_seen(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = torch.nn.Linear(8, 8).to(device)
+    x = randn(3, 8, device=device)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, x, config)
+        model.bias.add_(1.0)  # bound parameters are the module's own tensors
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_torch_compile_backend(config, device) -> None:  # type: ignore[no-untyped-def]
+    torch._dynamo.reset()
+    fn = lambda x, y: torch.softmax(x * y + 1, -1).relu()  # noqa: E731
+    x, y = randn(6, 40, device=device, seed=1), randn(6, 40, device=device, seed=2)
+    before = len(backend_module.compiled_graphs)
+    out = torch.compile(fn, backend="streamfuse")(x, y)
+    assert_close_to_reference(out, fn, [x, y])
+    assert len(backend_module.compiled_graphs) == before + 1
+    graph = backend_module.compiled_graphs[-1]
+    assert graph.stats["kernels"] == 1
+
+
+def test_torch_compile_backend_with_config_and_training(config, device) -> None:  # type: ignore[no-untyped-def]
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.LayerNorm(16)).to(device)
+    x = randn(4, 16, device=device)
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+    out = compiled(x)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).sum().backward()
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_backend_entry_point_is_declared() -> None:
+    names = {ep.name for ep in importlib.metadata.entry_points(group="torch_dynamo_backends")}
+    assert "streamfuse" in names
+    assert streamfuse.backend is backend_module.streamfuse_backend
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((randn(4, 8),), "expected 2 input tensor(s), got 1"),
+        ((randn(4, 8), randn(4, 9)), "input 1 (y): expected shape (4, 8), got (4, 9)"),
+        ((randn(4, 8), randn(4, 8).double()), "input 1 (y): expected dtype torch.float32, got torch.float64"),
+        ((randn(4, 8), torch.empty(4, 8, device="meta")), "input 1 (y): expected device"),
+        ((randn(4, 8), 3.0), "input 1 (y): expected a torch.float32 tensor"),
+    ],
+)
+def test_bad_call_inputs_raise_value_error_naming_the_input(config, args, message) -> None:  # type: ignore[no-untyped-def]
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    compiled = streamfuse.compile(f, (randn(4, 8), randn(4, 8)), config)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        compiled(*args)
+
+
+def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match="example_inputs must be a tensor or a tuple of tensors"):
+        streamfuse.compile(torch.relu, 3.0, config)
+    with pytest.raises(ValueError, match=r"example_inputs\[1\] must be a torch.Tensor"):
+        streamfuse.compile(torch.add, (randn(2), "x"), config)
+    with pytest.raises(ValueError, match="model must be an nn.Module or a callable"):
+        streamfuse.compile(42, (randn(2),), config)
+    with pytest.raises(ValueError, match="config must be a streamfuse.Config"):
+        streamfuse.compile(torch.relu, (randn(2),), {"fuse": False})
+    with pytest.raises(ValueError, match="Config.pointwise_block must be a power of two"):
+        Config(pointwise_block=1000)
+    with pytest.raises(ValueError, match="Config.executor must be"):
+        Config(executor="fast")  # type: ignore[arg-type]
+
+
+def test_stats_and_explain(config) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x: (torch.softmax(x, -1), torch.sort(x, -1).values * 2)  # noqa: E731
+    compiled = streamfuse.compile(fn, (randn(4, 16),), config)
+    stats = compiled.stats
+    assert {"source_ops", "kernels", "fused_groups"} <= set(stats)
+    assert stats["kernels"] == 3  # softmax, sort (ATen), mul
+    text = compiled.explain()
+    assert "amax" in text and "aten.sort" in text and "@triton.jit" in text
+    assert "refused fusions" in text and "opaque" in text
+    assert "@triton.jit" not in compiled.explain(source=False)
+
+
+def test_reference_executor_matches(config) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x: F.layer_norm(x, (16,)) * 2  # noqa: E731
+    x = randn(3, 16)
+    compiled = streamfuse.compile(fn, (x,), config.replace(executor="reference"))
+    assert compiled.executor == "reference"
+    assert_close_to_reference(compiled(x), fn, [x])
+
+
+def test_kernel_cache_is_keyed_by_content(config, device) -> None:  # type: ignore[no-untyped-def]
+    x = randn(8, device=device)
+    compiled = streamfuse.compile(lambda x: x.exp() + 1, (x,), config.replace(executor="triton"))
+    src = next(iter(compiled.sources.values()))
+    again = load_kernel(src.fn_name, src.source, config.cache_dir)
+    assert again is compiled.steps[0].kernel  # type: ignore[union-attr]
+    assert (config.cache_dir / "kernels" / f"{src.fn_name}.py").read_text() == src.source
+    other = streamfuse.compile(lambda x: x.exp() + 2, (x,), config)
+    assert next(iter(other.sources.values())).fn_name != src.fn_name
+
+
+def test_batch_norm_training_updates_running_stats_like_eager(config) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    bn_a, bn_b = torch.nn.BatchNorm1d(6), torch.nn.BatchNorm1d(6)
+    x = randn(10, 6)
+    compiled = streamfuse.compile(bn_a, (x,), config)
+    out = compiled(x)
+    ref = bn_b(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bn_a.running_mean, bn_b.running_mean)
+    torch.testing.assert_close(bn_a.running_var, bn_b.running_var)
+
+
+def test_cli_demo_runs_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "transformer_block" in out and "multibranch_conv" in out
+
+
+def test_cli_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_file = tmp_path / "mymodel.py"
+    model_file.write_text(textwrap.dedent("""
+        import torch
+        def make():
+            return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), (torch.randn(2, 8),)
+    """))
+    assert main(["explain", f"{model_file}:make"]) == 0
+    out = capsys.readouterr().out
+    assert "streamfuse plan" in out and "gelu" in out
+    with pytest.raises(SystemExit, match="has no callable 'nope'"):
+        main(["explain", f"{model_file}:nope"])
+    with pytest.raises(SystemExit, match="expected FILE.py:FACTORY"):
+        main(["explain", str(model_file)])

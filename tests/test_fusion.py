@@ -1,0 +1,131 @@
+"""Structural fusion tests: how many kernels a graph becomes, and why the rest were refused."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from helpers import compile_and_check, randn
+
+from streamfuse.fusion.groups import GroupKind
+
+
+def chain8(x: torch.Tensor) -> torch.Tensor:
+    y = x * 1.5
+    y = y + 0.25
+    y = torch.sigmoid(y)
+    y = y * x
+    y = y - 0.1
+    y = torch.relu(y)
+    y = torch.exp(y)
+    return y / 3.0
+
+
+def test_eight_pointwise_ops_become_one_kernel(config, device) -> None:  # type: ignore[no-untyped-def]
+    x = randn(33, 129, device=device)
+    compiled = compile_and_check(chain8, [x], config)
+    assert compiled.stats["source_ops"] == 8
+    assert compiled.stats["kernels"] == 1
+    assert compiled.stats["fused_groups"] == 1
+
+
+def test_softmax_is_one_kernel(config, device) -> None:  # type: ignore[no-untyped-def]
+    x = randn(16, 100, device=device)
+    compiled = compile_and_check(lambda t: torch.softmax(t, -1), [x], config)
+    assert compiled.stats["kernels"] == 1
+    (group,) = compiled.plan.groups
+    assert group.kind is GroupKind.REDUCTION
+    assert {n.op for n in group.nodes} >= {"aten.amax.default", "aten.sum.dim_IntList", "aten.exp.default"}
+
+
+def test_layer_norm_residual_gelu_at_most_two_kernels(config, device) -> None:  # type: ignore[no-untyped-def]
+    x, r = randn(8, 96, device=device, seed=1), randn(8, 96, device=device, seed=2)
+    w, b = randn(96, device=device, seed=3), randn(96, device=device, seed=4)
+    fn = lambda x, r, w, b: F.gelu(F.layer_norm(x + r, (96,), w, b))  # noqa: E731
+    compiled = compile_and_check(fn, [x, r, w, b], config)
+    assert compiled.stats["kernels"] <= 2
+    assert compiled.stats["aten_kernels"] == 0
+
+
+def test_intermediate_that_is_also_an_output_is_written_by_the_same_kernel(config, device) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x: ((x * 2).relu(), ((x * 2).relu() + 1).sin())  # noqa: E731
+    x = randn(7, 11, device=device)
+
+    def shared(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = (x * 2).relu()
+        return h, (h + 1).sin()
+
+    compiled = compile_and_check(shared, [x], config)
+    assert compiled.stats["kernels"] == 1
+    assert len(compiled.plan.groups[0].outputs) == 2
+    del fn
+
+
+def test_reductions_over_different_dims_are_refused_with_a_reason(config, device) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x: x.sum(0, keepdim=True) + x.sum(1, keepdim=True)  # noqa: E731
+    compiled = compile_and_check(fn, [randn(12, 10, device=device)], config)
+    assert compiled.stats["kernels"] == 2
+    reasons = [r.reason for r in compiled.plan.refusals]
+    assert any("different domains" in r for r in reasons), reasons
+    assert "different domains" in compiled.explain()
+
+
+def test_row_too_long_for_one_pass_runs_through_aten_with_reason(config, device) -> None:  # type: ignore[no-untyped-def]
+    cfg = config.replace(max_persistent_reduction=32)
+    compiled = compile_and_check(lambda t: torch.softmax(t, -1), [randn(4, 64, device=device)], cfg)
+    notes = [g.note for g in compiled.plan.groups if g.kind is GroupKind.ATEN]
+    assert notes and all("max_persistent_reduction=32" in n for n in notes), notes
+
+
+def test_fuse_false_gives_one_kernel_per_op(config, device) -> None:  # type: ignore[no-untyped-def]
+    compiled = compile_and_check(chain8, [randn(5, 9, device=device)], config.replace(fuse=False))
+    assert compiled.stats["kernels"] == 8
+    assert compiled.stats["fused_groups"] == 0
+    assert all("fusion disabled" in r.reason for r in compiled.plan.refusals)
+
+
+def test_fusion_fuel_limits_merges(config, device) -> None:  # type: ignore[no-untyped-def]
+    compiled = compile_and_check(chain8, [randn(5, 9, device=device)], config.replace(fusion_fuel=3))
+    assert compiled.plan.merges == 3
+    assert compiled.stats["kernels"] == 5
+    assert any("fuel" in r.reason for r in compiled.plan.refusals)
+
+
+def test_unknown_op_is_opaque_and_correct(config, device) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x: torch.cumsum(x * 2, dim=1).sin() + 1  # noqa: E731
+    compiled = compile_and_check(fn, [randn(6, 20, device=device)], config)
+    kinds = [g.kind for g in compiled.plan.groups]
+    assert GroupKind.ATEN in kinds and kinds.count(GroupKind.POINTWISE) == 2
+    assert "cumsum" in compiled.explain()
+
+
+def test_noncontiguous_and_broadcast_inputs(config, device) -> None:  # type: ignore[no-untyped-def]
+    base = randn(20, 30, device=device)
+    x = base.t()  # non-contiguous view
+    b = randn(1, 20, device=device, seed=5)
+    fn = lambda x, b: torch.softmax(x * 2 + b, -1)  # noqa: E731
+    compiled = compile_and_check(fn, [x, b], config)
+    assert compiled.stats["kernels"] == 1
+    # a call with a contiguous tensor of the same shape gives the same answer
+    x2 = x.contiguous()
+    torch.testing.assert_close(compiled(x2, b), fn(x2, b))
+
+
+def test_views_feeding_aten_ops_stay_zero_copy(config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(16, 8, device=device, seed=7)
+    fn = lambda x: (x @ w.t()).relu()  # noqa: E731
+    compiled = compile_and_check(fn, [randn(4, 8, device=device)], config)
+    kinds = [g.kind for g in compiled.plan.groups]
+    assert kinds.count(GroupKind.ALIAS) >= 1
+    assert compiled.stats["kernels"] == 2  # mm + relu
+
+
+def test_batch_norm_inference_fuses_into_the_conv_epilogue(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 1.5)
+    model = model.eval().to(device)
+    with torch.no_grad():
+        compiled = compile_and_check(model, [randn(2, 3, 10, 10, device=device)], config)
+    assert compiled.stats["kernels"] == 2  # convolution (cuDNN) + one BN/ReLU kernel
+    assert compiled.stats["aten_kernels"] == 1
