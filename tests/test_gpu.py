@@ -25,11 +25,18 @@ def test_demo_models_match_eager_on_gpu(name: str, dtype: torch.dtype, config) -
     with torch.no_grad():
         compiled = streamfuse.compile(model, inputs, config)
         assert compiled.executor == "triton"
-        wide = _double(model)(*[t.double() for t in inputs])
         out = compiled(*inputs)
-    scale = float(wide.abs().max())
-    tol = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
-    assert max_error(out, wide) <= tol * max(scale, 1.0), compiled.explain(source=False)
+        eager = model(*inputs)
+        wide = _double(model)(*[t.double() for t in inputs])
+    scale = max(float(wide.abs().max()), 1.0)
+    if dtype == torch.float32:
+        # cuBLAS/cuDNN may use TF32 for float32 (as eager does): compare with eager's own result
+        # tightly (only streamfuse's generated kernels differ), and with float64 at TF32 accuracy
+        assert max_error(out, eager) <= 1e-4 * scale, compiled.explain(source=False)
+        assert max_error(out, wide) <= 5e-3 * scale
+    else:
+        tol = {torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+        assert max_error(out, wide) <= tol * scale, compiled.explain(source=False)
 
 
 def _double(model: torch.nn.Module) -> torch.nn.Module:

@@ -24,6 +24,13 @@ from streamfuse.ir.ops import OpKind, packet_name
 
 INT32_LIMIT = 2**31 - 1
 
+_HELPERS = {
+    "_sf_max_nan": "\n\n@triton.jit\ndef _sf_max_nan(a, b):\n"
+                   "    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)",
+    "_sf_min_nan": "\n\n@triton.jit\ndef _sf_min_nan(a, b):\n"
+                   "    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)",
+}
+
 
 @dataclass
 class KernelSource:
@@ -65,11 +72,15 @@ def _generate_pointwise(group: Group, config: Config, target: str) -> KernelSour
     num_warps = max(1, min(config.pointwise_num_warps, block // 256))
     pid = "tl.program_id(0).to(tl.int64)" if _needs_int64(group, n) else "tl.program_id(0)"
     em = _Emitter(group, target, masks={frozenset({"offs"}): "mask"})
-    em.lines += [f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)", f"mask = offs < {n}"]
+    em.lines.append(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
+    if n % block:
+        em.lines.append(f"mask = offs < {n}")
+    else:
+        em.full_masks.add("mask")
     index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
     for j, out in enumerate(group.outputs):
         v = em.value(out, index)
-        em.lines.append(f"tl.store(out{j}_ptr + offs, {_store_cast(v, out)}, mask=mask)")
+        em.store(f"out{j}_ptr + offs", _store_cast(v, out), em.mask_for(frozenset({"offs"})))
     return em.finish("pw", ["BLOCK: tl.constexpr"], grid=(math.ceil(n / block),), num_warps=num_warps,
                      constexprs={"BLOCK": block})
 
@@ -87,13 +98,19 @@ def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, targ
     pid = "tl.program_id(0).to(tl.int64)" if _needs_int64(group, m * r) else "tl.program_id(0)"
     em = _Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
                                         frozenset({"rows", "cols"}): "mask"})
-    em.lines += [
-        f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]",
-        "cols = tl.arange(0, BLOCK_R)[None, :]",
-        f"rmask = rows < {m}",
-        f"cmask = cols < {r}",
-        "mask = rmask & cmask",
-    ]
+    em.lines += [f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]", "cols = tl.arange(0, BLOCK_R)[None, :]"]
+    full_rows, full_cols = m % block_m == 0, r == block_r
+    em.lines += [] if full_rows else [f"rmask = rows < {m}"]
+    em.lines += [] if full_cols else [f"cmask = cols < {r}"]
+    if not (full_rows or full_cols):
+        em.lines.append("mask = rmask & cmask")
+    elif not full_rows:
+        em.lines.append("mask = rmask")
+    elif not full_cols:
+        em.lines.append("mask = cmask")
+    em.full_masks |= ({"rmask"} if full_rows else set()) | ({"cmask"} if full_cols else set())
+    if full_rows and full_cols:
+        em.full_masks.add("mask")
     outer = list(em.hoist(delinearize(Expr.var("rows"), dom.outer_shape), "xo"))
     inner = list(em.hoist(delinearize(Expr.var("cols"), dom.reduce_shape), "xr"))
     full = tuple(inner.pop(0) if d in dom.dims else outer.pop(0) for d in range(len(dom.shape)))
@@ -101,11 +118,11 @@ def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, targ
     for j, out in enumerate(group.outputs):
         if out.shape == dom.shape:
             v = em.value(out, full)
-            offset, mask = linearize(full, dom.shape).text, "mask"
+            offset, deps = linearize(full, dom.shape).text, frozenset({"rows", "cols"})
         else:
             v = em.value(out, _row_index(full, dom, out.shape))
-            offset, mask = "rows", "rmask"
-        em.lines.append(f"tl.store(out{j}_ptr + {offset}, {_store_cast(v, out)}, mask={mask})")
+            offset, deps = "rows", frozenset({"rows"})
+        em.store(f"out{j}_ptr + {offset}", _store_cast(v, out), em.mask_for(deps))
     return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
                      grid=(math.ceil(m / block_m),), num_warps=num_warps,
                      constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
@@ -135,6 +152,10 @@ class _Emitter:
         self.full_index: Index = ()
         self.domain: ReductionDomain | None = None
         self.counter = 0
+        self.bound: dict[tuple[str, torch.dtype], Operand] = {}
+        self.full_masks: set[str] = set()
+        """Masks that are statically all-true (the extent divides the block): never applied."""
+        self.helpers: set[str] = set()
 
     def hoist(self, index: Index, prefix: str) -> Index:
         """Bind each non-trivial coordinate to a named variable, for readable loads."""
@@ -149,17 +170,25 @@ class _Emitter:
         return tuple(out)
 
     def tmp(self, expr: str, dtype: torch.dtype) -> Operand:
+        """Bind expr to a fresh variable; an expression already bound is reused (CSE)."""
+        if (expr, dtype) in self.bound:
+            return self.bound[(expr, dtype)]
         name = f"t{self.counter}"
         self.counter += 1
         self.lines.append(f"{name} = {expr}")
-        return Operand(name, dtype)
+        self.bound[(expr, dtype)] = Operand(name, dtype)
+        return self.bound[(expr, dtype)]
+
+    def where_valid(self, x: str, fill: str) -> str:
+        """x where the row tile is in bounds, `fill` elsewhere (no-op when the tile is always full)."""
+        return x if "mask" in self.full_masks else f"tl.where(mask, {x}, {fill})"
 
     def mask_for(self, deps: frozenset[str]) -> str | None:
         if not deps:
             return None
         for key, mask in sorted(self.masks.items(), key=lambda kv: len(kv[0])):
             if deps <= key:
-                return mask
+                return None if mask in self.full_masks else mask
         raise AssertionError(f"no mask covers index variables {sorted(deps)}")
 
     def value(self, node: Node, index: Index) -> Operand:
@@ -179,6 +208,10 @@ class _Emitter:
             result = self.tmp(emit_pointwise(node, args, self.target), compute_dtype(node.dtype))
         self.cache[key] = result
         return result
+
+    def store(self, ptr: str, value: str, mask: str | None) -> None:
+        masked = "" if mask is None else f", mask={mask}"
+        self.lines.append(f"tl.store({ptr}, {value}{masked})")
 
     def load(self, node: Node, index: Index) -> Operand:
         slot = self.input_slot[node]
@@ -206,23 +239,20 @@ class _Emitter:
         x = loaded.text if loaded.dtype == acc else f"{loaded.text}.to({TL_DTYPE[acc]})"
         r = self.domain.row_size
         name = packet_name(node.op)
-        if name in ("sum", "mean"):
-            expr = f"tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None]"
-            if name == "mean":
-                expr += f" / {r}.0"
-            result = self.tmp(expr, acc)
+        if name in ("sum", "mean", "var"):
+            total = self.tmp(f"tl.sum({self.where_valid(x, '0.0')}, axis=1)[:, None]", acc)
+            result = total if name == "sum" else self.tmp(f"{total.text} / {r}.0", acc)
+            if name == "var":
+                correction = node.kwargs.get("correction")
+                correction = 1 if correction is None else correction
+                dev = self.tmp(self.where_valid(f"{x} - {result.text}", "0.0"), acc)
+                result = self.tmp(f"tl.sum({dev.text} * {dev.text}, axis=1)[:, None] / "
+                                  f"{literal(float(r - correction))}", acc)
         elif name in ("amax", "amin"):
-            fn, fill = ("tl.max", 'float("-inf")') if name == "amax" else ("tl.min", 'float("inf")')
-            best = self.tmp(f"{fn}(tl.where(mask, {x}, {fill}), axis=1)[:, None]", acc)
-            has_nan = self.tmp(f"tl.max(tl.where(mask & ({x} != {x}), 1, 0), axis=1)[:, None]", torch.int32)
-            result = self.tmp(f'tl.where({has_nan.text} > 0, float("nan"), {best.text})', acc)
-        elif name == "var":
-            correction = node.kwargs.get("correction")
-            correction = 1 if correction is None else correction
-            mean = self.tmp(f"tl.sum(tl.where(mask, {x}, 0.0), axis=1)[:, None] / {r}.0", acc)
-            dev = self.tmp(f"tl.where(mask, {x} - {mean.text}, 0.0)", acc)
-            result = self.tmp(f"tl.sum({dev.text} * {dev.text}, axis=1)[:, None] / "
-                              f"{literal(float(r - correction))}", acc)
+            # NaN-propagating max/min (as ATen's), in one tree reduction
+            helper, fill = ("_sf_max_nan", 'float("-inf")') if name == "amax" else ("_sf_min_nan", 'float("inf")')
+            self.helpers.add(helper)
+            result = self.tmp(f"tl.reduce({self.where_valid(x, fill)}, 1, {helper})[:, None]", acc)
         else:
             raise NotImplementedError(f"no reduction template for {node.op}")
         self.reduced[node] = result
@@ -245,6 +275,8 @@ class _Emitter:
         header = ["import triton", "import triton.language as tl"]
         if "libdevice." in body:
             header.append("from triton.language.extra import libdevice")
+        for helper in sorted(self.helpers):
+            header.append(_HELPERS[helper])
         summary = ", ".join(o.removeprefix("aten.") for o in ops)
         source = (
             "\n".join(header) + "\n\n\n"

@@ -1,4 +1,8 @@
-"""Timing the way METHOD.md asks: warm up, CUDA events around each call, median of many."""
+"""Timing the way METHOD.md asks: warm up, CUDA events around each call, median of many.
+
+Calls are issued back to back with no synchronization between them (as triton.testing.do_bench
+does), so a call's events bracket its GPU work once the queue runs ahead of the host; when the
+host is slower than the GPU, the gaps show up in the time, as they do for a user's loop."""
 
 from __future__ import annotations
 
@@ -9,30 +13,42 @@ from typing import Any
 import torch
 
 
-def time_cuda_us(fn: Callable[[], Any], warmup: int = 10, reps: int = 50, min_ms: float = 0.0) -> float:
-    """Median microseconds per call of `fn` (back to back on the current stream).
-
-    Each sample times a batch of calls between two events, so per-call host overhead
-    counts as it does for a user calling in a loop."""
+def time_cuda_us(fn: Callable[[], Any], warmup: int = 10, reps: int = 50) -> float:
+    """Median microseconds per call of `fn` on the current stream."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    # how many calls per sample so that one sample lasts at least ~min_ms
-    inner = 1
-    if min_ms > 0:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends, strict=True):
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        inner = max(1, int(min_ms / max(start.elapsed_time(end), 1e-3)))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True))
+
+
+def time_graph_us(fn: Callable[[], Any], calls: int = 10, reps: int = 20) -> float:
+    """Median GPU time per call of `fn` replayed from a CUDA graph: kernel time without any host
+    overhead (what the kernels themselves achieve)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
     samples = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(inner):
-            fn()
+        graph.replay()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / inner)
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
     return statistics.median(samples)
