@@ -38,7 +38,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from streamfuse.demo_models import DEMO_MODELS
     from streamfuse.profile.timing import time_cuda_us
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=140)
     device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = DTYPES[args.dtype]
     if device.type == "cpu" and dtype != torch.float32:

@@ -126,23 +126,28 @@ class CompiledGraph:
         expected = self.graph.inputs
         if len(inputs) != len(expected):
             raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
-        checked = []
-        names = self.call.input_names or [n.name for n in expected]
-        for i, (t, node, name) in enumerate(zip(inputs, expected, names, strict=True)):
-            want = f"a {node.dtype} tensor of shape {tuple(node.shape)} on {self.device}"
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"input {i} ({name}): expected {want}, got {type(t).__name__}")
-            if tuple(t.shape) != node.shape:
-                raise ValueError(f"input {i} ({name}): expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
-                                 " (shapes are fixed at compile time; compile again for a new shape)")
-            if t.dtype != node.dtype:
-                raise ValueError(f"input {i} ({name}): expected dtype {node.dtype}, got {t.dtype}")
-            if t.device.type != self.device.type or (self.device.index is not None and t.device != self.device):
-                raise ValueError(f"input {i} ({name}): expected device {self.device}, got {t.device}")
+        checked = inputs
+        for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
+            if (not isinstance(t, torch.Tensor) or t.shape != node.shape or t.dtype != node.dtype
+                    or t.device != self.device):
+                self._raise_bad_input(i, t, node)
             if not t.is_contiguous() and _is_contiguous(node):
-                t = t.contiguous()  # documented copy: the plan was traced with a contiguous input
-            checked.append(t)
+                checked = list(checked) if checked is inputs else checked
+                checked[i] = t.contiguous()  # documented copy: the plan was traced with a contiguous input
         return checked
+
+    def _raise_bad_input(self, i: int, t: Any, node: Node) -> None:
+        name = (self.call.input_names or [n.name for n in self.graph.inputs])[i]
+        where = f"input {i} ({name})"
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{where}: expected a {node.dtype} tensor of shape {tuple(node.shape)} on "
+                             f"{self.device}, got {type(t).__name__}")
+        if tuple(t.shape) != node.shape:
+            raise ValueError(f"{where}: expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
+                             " (shapes are fixed at compile time; compile again for a new shape)")
+        if t.dtype != node.dtype:
+            raise ValueError(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
+        raise ValueError(f"{where}: expected device {self.device}, got {t.device}")
 
     def _release_lists(self) -> list[list[int]]:
         """After step i, the slots whose last reader is step i (never graph outputs or inputs)."""

@@ -93,9 +93,11 @@ def _specialization(arg: Any) -> Any:
 
 
 def triton_hooks_unset() -> bool:
+    """True when no Triton launch hook is installed (the direct path would bypass it)."""
     from triton import knobs
 
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return not any(getattr(h, "calls", h) for h in hooks)  # HookChain (triton >= 3.5) or None
 
 
 Step = NodeStep | KernelStep
