@@ -1,0 +1,1 @@
+"""Scheduling: kernel DAG -> CUDA streams, events and priorities (pure functions, no CUDA)."""
