@@ -17,6 +17,7 @@ import torch
 from streamfuse.capture.backend import make_backend, register, streamfuse_backend
 from streamfuse.config import Config
 from streamfuse.runtime.compiled import CallSpec, CompiledGraph
+from streamfuse.runtime.parallel import ParallelModels, parallel
 
 __version__ = "0.1.0"
 backend = streamfuse_backend
@@ -31,17 +32,25 @@ def compile(  # noqa: A001 - mirrors torch.compile
     takes the same positional tensors (same shapes, dtypes, device) and returns what model returns."""
     from streamfuse.capture.export import capture, normalize_inputs
     from streamfuse.ir.from_fx import graph_from_fx
-    from streamfuse.runtime.compiled import build, graph_device
+    from streamfuse.runtime.compiled import build
+    from streamfuse.runtime.executable import build_executable, graph_device
 
     if config is not None and not isinstance(config, Config):
         raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
+    config = config or Config()
     inputs = normalize_inputs(example_inputs)
     captured = capture(model, inputs)
     graph = graph_from_fx(captured.gm, captured.bound)
-    call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
-    return build(graph, config or Config(), graph_device(graph, inputs), call)
+    device = graph_device(graph, inputs)
 
+    def recapture(examples: list[torch.Tensor]) -> Any:
+        """The same model captured at another batch size (a batch bucket)."""
+        again = capture(model, tuple(examples))
+        return build_executable(graph_from_fx(again.gm, again.bound), config, device)
+
+    call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
+    return build(graph, config, device, call, recapture=None if captured.mutated else recapture)
 
 register()
 
-__all__ = ["CompiledGraph", "Config", "backend", "compile", "make_backend"]
+__all__ = ["CompiledGraph", "Config", "ParallelModels", "backend", "compile", "make_backend", "parallel"]

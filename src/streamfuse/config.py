@@ -45,6 +45,22 @@ class Config:
     reduction_elems_per_thread: int = 16
     """Register budget for a persistent reduction's row tile, in elements per thread."""
     reduction_max_warps: int = 16
+    # --- scheduling (schedule/) --------------------------------------------------------
+    max_streams: int = 4
+    """Independent kernels run on up to this many CUDA streams (capped by the DAG's width)."""
+    stream_priorities: bool = True
+    """Run the critical path on a high-priority stream."""
+    # --- CUDA graphs (runtime/graphs.py) ----------------------------------------------
+    cuda_graphs: bool = True
+    """On CUDA, capture the whole multi-stream schedule as a CUDA graph and replay it."""
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    """One graph per bucket; a batch is padded up to its bucket where rows are provably
+    independent along dim 0 (otherwise only the compiled shape is accepted)."""
+    max_graphs: int = 8
+    """At most this many recorded graphs; the least recently used is evicted."""
+    reuse_outputs: bool = False
+    """True returns the graph's own output buffers (zero-copy), overwritten by the next call;
+    False (default) returns fresh tensors."""
     # --- runtime (runtime/) -----------------------------------------------------------
     executor: Executor = "auto"
     """"auto": Triton kernels on CUDA, and on CPU under TRITON_INTERPRET=1; otherwise the
@@ -66,6 +82,8 @@ class Config:
             "pointwise_num_warps": self.pointwise_num_warps,
             "reduction_elems_per_thread": self.reduction_elems_per_thread,
             "reduction_max_warps": self.reduction_max_warps,
+            "max_streams": self.max_streams,
+            "max_graphs": self.max_graphs,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value <= 0:
@@ -74,5 +92,10 @@ class Config:
             raise ValueError(f"Config.pointwise_block must be a power of two, got {self.pointwise_block}")
         if self.executor not in ("auto", "triton", "reference"):
             raise ValueError(f"Config.executor must be 'auto', 'triton' or 'reference', got {self.executor!r}")
+        buckets = self.batch_buckets
+        if (not isinstance(buckets, tuple) or not buckets or any(not isinstance(b, int) or b <= 0 for b in buckets)
+                or list(buckets) != sorted(set(buckets))):
+            raise ValueError(f"Config.batch_buckets must be a non-empty tuple of increasing positive ints, "
+                             f"got {buckets!r}")
         if self.fusion_fuel is not None and self.fusion_fuel < 0:
             raise ValueError(f"Config.fusion_fuel must be None or >= 0, got {self.fusion_fuel}")

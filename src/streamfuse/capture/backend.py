@@ -14,7 +14,8 @@ from torch._dynamo.backends.common import aot_autograd
 from streamfuse.capture.decomp import decomposition_table
 from streamfuse.config import Config
 from streamfuse.ir.from_fx import graph_from_fx
-from streamfuse.runtime.compiled import CompiledGraph, build, graph_device
+from streamfuse.runtime.compiled import CompiledGraph, build
+from streamfuse.runtime.executable import graph_device
 
 compiled_graphs: list[CompiledGraph] = []
 """The graphs compiled through the backend in this process, newest last (for explain/tests)."""

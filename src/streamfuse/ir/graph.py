@@ -141,3 +141,21 @@ def _fmt_arg(a: Arg) -> str:
     if isinstance(a, (list, tuple)):
         return "[" + ", ".join(_fmt_arg(x) for x in a) + "]"
     return repr(a)
+
+
+def disjoint_union(graphs: list[Graph], prefixes: list[str]) -> Graph:
+    """One graph running `graphs` side by side: inputs, outputs and constants concatenated in order.
+    Node names get the given prefixes so they stay unique. The graphs' nodes are reused (moved)."""
+    nodes: list[Node] = []
+    inputs: list[Node] = []
+    outputs: list[Arg] = []
+    constants: dict[Node, torch.Tensor] = {}
+    for g, prefix in zip(graphs, prefixes, strict=True):
+        for n in g.nodes:
+            n.name = f"{prefix}{n.name}"
+        nodes += g.nodes
+        inputs += g.inputs
+        outputs += g.outputs
+        constants.update(g.constants)
+    return Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants,
+                 source_ops=sum(g.source_ops for g in graphs))

@@ -1,27 +1,30 @@
-"""CompiledGraph: the callable streamfuse hands back, and `build`, which makes one from a Graph.
+"""CompiledGraph: the callable streamfuse hands back.
 
-`build` is the flat driver of the pipeline after capture, read top to bottom:
-plan fusion -> generate and load kernels -> lay out steps -> precompute buffer lifetimes.
+On CUDA (with Config.cuda_graphs) a call picks the graph for its batch bucket, copies the inputs
+into that graph's static buffers and replays it; a graph is recorded on first use of its bucket
+(least recently used evicted beyond Config.max_graphs). Padding up to a bucket happens only where
+ir/batch.py proves the rows independent along dim 0; otherwise the compiled shape alone is
+accepted. Elsewhere (CPU, cuda_graphs=False, or a capture that failed) the plan runs step by step
+on its streams.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from streamfuse.codegen.kernel import KernelSource, generate
 from streamfuse.config import Config
-from streamfuse.fusion.groups import GroupKind, Plan
-from streamfuse.fusion.planner import plan_fusion
+from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.runtime.steps import KernelStep, NodeStep, Step, make_kernel_step
+from streamfuse.runtime.executable import Executable, build_executable, raise_bad_input
+from streamfuse.runtime.graphs import GraphRunner
 
-DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
+Recapture = Callable[[list[torch.Tensor]], Executable]
 
 
 @dataclass
@@ -36,149 +39,193 @@ class CallSpec:
     """Names for error messages (the model's parameter names); None uses the graph's."""
 
 
-def resolve_executor(config: Config, device: torch.device) -> str:
-    if config.executor != "auto":
-        if config.executor == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("Config.executor='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
-                             "triton is imported; use executor='reference' or 'auto'")
-        return config.executor
-    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return "triton"
-    return "reference"
-
-
-def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
-    for t in list(example_inputs) + list(graph.constants.values()):
-        if isinstance(t, torch.Tensor):
-            return t.device
-    return torch.device("cpu")
-
-
-def build(graph: Graph, config: Config, device: torch.device, call: CallSpec | None = None) -> CompiledGraph:
-    executor = resolve_executor(config, device)
-    sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
-                if device.type == "cuda" else DEFAULT_SM_COUNT)
-    target = "cuda" if device.type == "cuda" else "interpret"
-    # 1. which nodes share a kernel, and why others do not
-    plan = plan_fusion(graph, config)
-    # 2. Triton source for each generated group (always, so explain() shows it on any machine)
-    sources = {g.id: generate(g, config, target, sm_count) for g in plan.groups if g.kind.generated}
-    # 3. one step per group; generated kernels are compiled (cached by content hash) when used
-    slot = {n: i for i, n in enumerate(graph.nodes)}
-    steps: list[Step] = []
-    for g in plan.groups:
-        if g.kind.generated and executor == "triton":
-            from streamfuse.codegen.cache import load_kernel
-
-            kernel = load_kernel(sources[g.id].fn_name, sources[g.id].source, config.cache_dir)
-            steps.append(make_kernel_step(g, sources[g.id], kernel, slot, device))
-        else:
-            steps.append(NodeStep(g, slot))
-    return CompiledGraph(graph, plan, steps, sources, config, device, executor, call or CallSpec())
+def build(graph: Graph, config: Config, device: torch.device, call: CallSpec | None = None,
+          recapture: Recapture | None = None) -> CompiledGraph:
+    return CompiledGraph(build_executable(graph, config, device), call or CallSpec(), recapture)
 
 
 class CompiledGraph:
     """A captured, planned and generated graph. Call it like the model it came from."""
 
-    def __init__(self, graph: Graph, plan: Plan, steps: list[Step], sources: dict[int, KernelSource],
-                 config: Config, device: torch.device, executor: str, call: CallSpec):
-        self.graph = graph
-        self.plan = plan
-        self.steps = steps
-        self.sources = sources
-        self.config = config
-        self.device = device
-        self.executor = executor
+    def __init__(self, base: Executable, call: CallSpec, recapture: Recapture | None = None):
+        self.base = base
         self.call = call
-        self._slot = {n: i for i, n in enumerate(graph.nodes)}
-        self._input_slots = [self._slot[n] for n in graph.inputs]
-        self._constants = [(self._slot[n], t) for n, t in graph.constants.items()]
-        self._release = self._release_lists()
-        self._out_slots = [self._slot[o] if isinstance(o, Node) else None for o in graph.outputs]
+        self.recapture = recapture
+        self.config = base.config
+        self.graph_failure: str | None = None
+        """Why CUDA-graph capture failed (the calls then run on streams), or None."""
+        self.use_graphs = base.config.cuda_graphs and base.device.type == "cuda" and base.executor == "triton"
+        analysis = batch_rows(base.graph)
+        self.base_batch = base.graph.inputs[0].shape[0] if base.graph.inputs and base.graph.inputs[0].shape else 0
+        self.batch_reason: str | None = analysis if isinstance(analysis, str) else None
+        if self.batch_reason is None and recapture is None:
+            self.batch_reason = "this graph cannot be captured again at another batch size"
+        self._variants: dict[int, Executable] = {self.base_batch: base}
+        self._slices: dict[int, list[int | None]] = {
+            self.base_batch: _batch_slices(base.graph, analysis) if not isinstance(analysis, str)
+            else [None] * len(base.graph.outputs)}
+        self._runners: OrderedDict[int, GraphRunner] = OrderedDict()
+        self._pool: Any = None
+        self._mutated_index = {m for m, _ in call.mutated}
+
+    # -- the pieces of the base plan, for introspection -------------------------------
+    @property
+    def graph(self) -> Graph:
+        return self.base.graph
+
+    @property
+    def plan(self) -> Any:
+        return self.base.plan
+
+    @property
+    def steps(self) -> list[Any]:
+        return self.base.steps
+
+    @property
+    def sources(self) -> dict[int, Any]:
+        return self.base.sources
+
+    @property
+    def executor(self) -> str:
+        return self.base.executor
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.device
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *inputs: Any) -> Any:
-        flat = self.run_flat(list(inputs))
+        if self.use_graphs and self.graph_failure is None:
+            flat = self._replay(list(inputs))
+        elif self.batch_reason is None:
+            flat = self._run_bucketed(list(inputs))
+        else:
+            self._check_batch(list(inputs))  # errors that say why the batch is fixed
+            flat = self.run_flat(list(inputs))
         for index, target in self.call.mutated:
             target.copy_(flat[index])
         if self.call.out_spec is None:
             return flat
-        mutated = {m for m, _ in self.call.mutated}
-        user = [v for i, v in enumerate(flat) if i not in mutated]
-        return pytree.tree_unflatten(user, self.call.out_spec)
+        if self._mutated_index:
+            flat = [v for i, v in enumerate(flat) if i not in self._mutated_index]
+        return pytree.tree_unflatten(flat, self.call.out_spec)
 
     def run_flat(self, inputs: list[Any]) -> list[Any]:
-        """Run on the graph's flat inputs; returns the flat outputs (the backend's convention)."""
+        """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out."""
         if self.config.check_inputs:
-            inputs = self._check(inputs)
-        env: list[Any] = [None] * len(self.graph.nodes)
-        for s, t in zip(self._input_slots, inputs, strict=True):
-            env[s] = t
-        for s, t in self._constants:
-            env[s] = t
-        for step, release in zip(self.steps, self._release, strict=True):
-            step.run(env)
-            for s in release:
-                env[s] = None
-        return [env[s] if s is not None else o for s, o in zip(self._out_slots, self.graph.outputs, strict=True)]
+            inputs = self.base.check_inputs(inputs, self.call.input_names)
+        return self.base.run(inputs)
 
-    def _check(self, inputs: list[Any]) -> list[Any]:
-        expected = self.graph.inputs
+    def _run_bucketed(self, inputs: list[Any]) -> list[Any]:
+        """Without CUDA graphs: the compiled batch runs as is, another batch padded to its bucket."""
+        batch = self._check_batch(inputs)
+        if batch == self.base_batch:
+            return self.base.run(self.base.check_inputs(inputs, self.call.input_names))
+        padded = self._bucket(batch)
+        exe = self._variants[padded]
+        staged = []
+        for x, node in zip(inputs, exe.graph.inputs, strict=True):
+            buf = torch.zeros(node.shape, dtype=node.dtype, device=self.device)
+            buf[:batch].copy_(x)
+            staged.append(buf)
+        outs = exe.run(staged)
+        return [o[: batch * k] if k is not None and isinstance(o, torch.Tensor) else o
+                for o, k in zip(outs, self._slices[padded], strict=True)]
+
+    def _replay(self, inputs: list[Any]) -> list[Any]:
+        batch = self._check_batch(inputs)
+        padded = batch if batch in self._variants else self._bucket(batch)
+        runner = self._runners.get(padded)
+        if runner is None:
+            runner = self._record(padded)
+            if runner is None:  # capture failed: run on streams from now on
+                return self.run_flat(inputs)
+        else:
+            self._runners.move_to_end(padded)
+        return runner(inputs, batch)
+
+    def _check_batch(self, inputs: list[Any]) -> int:
+        expected = self.base.graph.inputs
         if len(inputs) != len(expected):
             raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
-        checked = inputs
+        first = inputs[0]
+        batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() > 0 else -1
+        flexible = self.batch_reason is None
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
-            if (not isinstance(t, torch.Tensor) or t.shape != node.shape or t.dtype != node.dtype
-                    or t.device != self.device):
-                self._raise_bad_input(i, t, node)
-            if not t.is_contiguous() and _is_contiguous(node):
-                checked = list(checked) if checked is inputs else checked
-                checked[i] = t.contiguous()  # documented copy: the plan was traced with a contiguous input
-        return checked
+            ok = isinstance(t, torch.Tensor) and t.dtype == node.dtype and t.device == self.device
+            if ok and flexible:
+                ok = t.shape[0] == batch and t.shape[1:] == node.shape[1:]
+            elif ok:
+                ok = t.shape == node.shape
+            if not ok:
+                batch_only = isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[1:] == node.shape[1:]
+                note = (" (only the batch dimension, dim 0, may change between calls)" if flexible else
+                        f" (the batch size is fixed at {self.base_batch}: {self.batch_reason})" if batch_only
+                        else "")
+                raise_bad_input(i, t, _with_batch(node, batch) if flexible else node, self.device,
+                                self.call.input_names, note)
+        return batch
 
-    def _raise_bad_input(self, i: int, t: Any, node: Node) -> None:
-        name = (self.call.input_names or [n.name for n in self.graph.inputs])[i]
-        where = f"input {i} ({name})"
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{where}: expected a {node.dtype} tensor of shape {tuple(node.shape)} on "
-                             f"{self.device}, got {type(t).__name__}")
-        if tuple(t.shape) != node.shape:
-            raise ValueError(f"{where}: expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
-                             " (shapes are fixed at compile time; compile again for a new shape)")
-        if t.dtype != node.dtype:
-            raise ValueError(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
-        raise ValueError(f"{where}: expected device {self.device}, got {t.device}")
+    def _bucket(self, batch: int) -> int:
+        buckets = self.config.batch_buckets
+        if batch > buckets[-1]:
+            raise ValueError(f"input 0: batch {batch} exceeds the largest batch bucket {buckets[-1]}; "
+                             f"add a bucket with Config(batch_buckets=...)")
+        if batch < 1:
+            raise ValueError(f"input 0: batch {batch} must be at least 1")
+        padded = next(b for b in buckets if b >= batch)
+        if padded not in self._variants:
+            self._add_variant(padded)
+        return padded
 
-    def _release_lists(self) -> list[list[int]]:
-        """After step i, the slots whose last reader is step i (never graph outputs or inputs)."""
-        last: dict[int, int] = {}
-        for i, step in enumerate(self.steps):
-            for node in step.group.nodes:
-                last[self._slot[node]] = max(last.get(self._slot[node], i), i)
-                for a in node.input_nodes():
-                    last[self._slot[a]] = i
-        keep = {self._slot[o] for o in self.graph.output_nodes}
-        keep |= set(self._input_slots) | {s for s, _ in self._constants}
-        release: list[list[int]] = [[] for _ in self.steps]
-        for s, i in last.items():
-            if s not in keep:
-                release[i].append(s)
-        return release
+    def _add_variant(self, padded: int) -> None:
+        assert self.recapture is not None
+        examples = [torch.zeros((padded,) + n.shape[1:], dtype=n.dtype, device=self.device)
+                    for n in self.base.graph.inputs]
+        exe = self.recapture(examples)
+        analysis = batch_rows(exe.graph)
+        if isinstance(analysis, str):
+            raise ValueError(f"batch {padded} cannot be padded: {analysis}")
+        slices = _batch_slices(exe.graph, analysis)
+        base_out = [o.shape if isinstance(o, Node) else None for o in self.base.graph.outputs]
+        for j, (o, rows) in enumerate(zip(exe.graph.outputs, slices, strict=True)):
+            if isinstance(o, Node) and rows is not None and o.shape[1:] != base_out[j][1:]:  # type: ignore[index]
+                raise ValueError(f"output {j} changes shape beyond dim 0 with the batch; batch is fixed")
+        self._variants[padded] = exe
+        self._slices[padded] = slices
+
+    def _record(self, padded: int) -> GraphRunner | None:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        try:
+            runner = GraphRunner(self._variants[padded], self._pool, self._slices[padded],
+                                 self.config.reuse_outputs)
+        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to stream execution
+            self.graph_failure = f"{type(exc).__name__}: {exc}"
+            torch.cuda.synchronize(self.device)
+            return None
+        self._runners[padded] = runner
+        while len(self._runners) > self.config.max_graphs:
+            self._runners.popitem(last=False)
+        return runner
 
     # -- introspection ------------------------------------------------------------------
     @property
     def stats(self) -> dict[str, Any]:
-        groups = self.plan.groups
+        groups = self.base.plan.groups
         generated = [g for g in groups if g.kind.generated]
         return {
-            "source_ops": self.graph.source_ops,
-            "kernels": sum(g.launches for g in groups),
+            "source_ops": self.base.graph.source_ops,
+            "kernels": self.base.launches,
             "generated_kernels": len(generated),
-            "aten_kernels": sum(1 for g in groups if g.kind is GroupKind.ATEN),
+            "aten_kernels": self.base.launches - len(generated),
             "fused_groups": sum(1 for g in generated if len(g.nodes) > 1),
-            "refused_fusions": len(self.plan.refusals),
-            "executor": self.executor,
-            "device": str(self.device),
+            "refused_fusions": len(self.base.plan.refusals),
+            "streams": self.base.schedule.streams,
+            "events": self.base.schedule.events,
+            "graphs": len(self._runners),
+            "executor": self.base.executor,
+            "device": str(self.base.device),
         }
 
     def explain(self, source: bool = True) -> str:
@@ -188,15 +235,21 @@ class CompiledGraph:
 
     def __repr__(self) -> str:
         s = self.stats
-        return (f"CompiledGraph({s['source_ops']} ops -> {s['kernels']} kernels, "
-                f"{s['generated_kernels']} generated, executor={self.executor}, device={self.device})")
+        return (f"CompiledGraph({s['source_ops']} ops -> {s['kernels']} kernels on {s['streams']} streams, "
+                f"{s['generated_kernels']} generated, executor={s['executor']}, device={s['device']})")
 
 
-def _is_contiguous(node: Node) -> bool:
-    from streamfuse.ir.indexing import contiguous_strides
+def _batch_slices(graph: Graph, analysis: dict[Node, Any]) -> list[int | None]:
+    out: list[int | None] = []
+    for o in graph.outputs:
+        state = analysis.get(o) if isinstance(o, Node) else None
+        out.append(state.k if isinstance(state, Rows) else None)
+    return out
 
-    return all(st == c for st, c, size in zip(node.strides, contiguous_strides(node.shape), node.shape, strict=True)
-               if size != 1)
 
+def _with_batch(node: Node, batch: int) -> Node:
+    """The node as the call should have looked, for error messages."""
+    from dataclasses import replace
 
-__all__ = ["CallSpec", "CompiledGraph", "KernelStep", "NodeStep", "build", "graph_device"]
+    return replace(node, shape=(batch,) + node.shape[1:]) if batch > 0 else node
+

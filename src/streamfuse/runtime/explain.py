@@ -48,6 +48,7 @@ def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
         "kernels, in launch order:",
     ]
     out += [_describe(g, compiled) for g in plan.groups]
+    out += ["", *_schedule_lines(compiled)]
     out += ["", f"refused fusions ({len(plan.refusals)}):"]
     out += [f"  {r}" for r in plan.refusals] or ["  (none)"]
     if source and compiled.sources:
@@ -56,3 +57,28 @@ def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
             if g.id in compiled.sources:
                 out += ["", compiled.sources[g.id].source.rstrip()]
     return "\n".join(out)
+
+
+def _schedule_lines(compiled: CompiledGraph) -> list[str]:
+    sched = compiled.base.schedule
+    lines = [f"schedule: {sched.streams} stream(s), {sched.events} cross-stream wait(s) per call"
+             + (" (stream 0: high priority, critical path)" if sched.own_first_stream else "")]
+    if sched.streams > 1:
+        groups = compiled.plan.groups
+        for s in range(sched.streams):
+            names = [groups[i].name for i in sched.order if sched.stream_of[i] == s and groups[i].launches]
+            lines.append(f"  stream {s}: {', '.join(names)}")
+        for v, us in sched.waits.items():
+            for u in us:
+                lines.append(f"  wait: {groups[v].name} on stream {sched.stream_of[v]} waits for {groups[u].name}")
+    if compiled.use_graphs:
+        lines.append(f"CUDA graphs: {compiled.stats['graphs']} recorded (max {compiled.config.max_graphs}); "
+                     + ("batch padded up to buckets " + str(list(compiled.config.batch_buckets))
+                        if compiled.batch_reason is None else f"batch fixed at {compiled.base_batch}: "
+                        f"{compiled.batch_reason}"))
+        if compiled.graph_failure:
+            lines.append(f"CUDA-graph capture failed, running on streams instead: {compiled.graph_failure}")
+    else:
+        lines.append("CUDA graphs: off (" + ("not a CUDA device" if compiled.device.type != "cuda"
+                                             else "Config.cuda_graphs=False") + ")")
+    return lines

@@ -5,7 +5,8 @@ Adapted from Nimble (Kwon et al., NeurIPS 2020):
 1. the critical path is the longest source-to-sink path by kernel cost;
 2. a minimum chain cover of the DAG (Dilworth: as many chains as the widest antichain) comes from a
    maximum matching on the bipartite graph of the transitive closure; the matching is seeded with
-   the critical path's consecutive pairs so that the critical path usually stays in one chain;
+   the critical path's consecutive pairs, which it keeps whenever some maximum matching does, so
+   the critical path is split over chains only where the DAG's width forces it;
 3. chains are merged onto k = min(width, max_streams) streams; the critical chain gets stream 0,
    which the runtime creates with high priority;
 4. the host issues every kernel in one topological order, so a stream wait can never deadlock;
@@ -20,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -112,14 +113,20 @@ def _chain_cover(dag: nx.DiGraph, topo: Sequence[Kernel], critical: Sequence[Ker
     chains. Unmatched left vertices end chains, so #chains = n - |matching| = width (König/Dilworth).
     """
     position = {node: i for i, node in enumerate(topo)}
-    reach: dict[Kernel, set[Kernel]] = {}
-    for u in reversed(topo):
-        reach[u] = set()
-        for w in dag.successors(u):
-            reach[u].add(w)
-            reach[u] |= reach[w]
-    # Nearest successors first: chains then tend to follow real edges rather than long skips.
-    adjacency = {u: sorted(reach[u], key=position.__getitem__) for u in topo}
+    # The closure is n^2 bits, not n^2 set entries: kernel graphs run to thousands of nodes.
+    reach = [0] * len(topo)  # bit j of reach[i]: topo[i] reaches topo[j]
+    for i in reversed(range(len(topo))):
+        for w in dag.successors(topo[i]):
+            reach[i] |= (1 << position[w]) | reach[position[w]]
+    adjacency: dict[Kernel, list[Kernel]] = {}
+
+    def closure_successors(u: Kernel) -> list[Kernel]:
+        # Built lazily (most kernels never need theirs), lowest topological position first:
+        # nearest successors first, so chains tend to follow real edges rather than long skips.
+        if u not in adjacency:
+            bits = bin(reach[position[u]])[:1:-1]  # character j is bit j
+            adjacency[u] = [topo[j] for j, bit in enumerate(bits) if bit == "1"]
+        return adjacency[u]
 
     next_of: dict[Kernel, Kernel] = {}  # matching, left side -> right side
     prev_of: dict[Kernel, Kernel] = {}  # matching, right side -> left side
@@ -131,7 +138,7 @@ def _chain_cover(dag: nx.DiGraph, topo: Sequence[Kernel], critical: Sequence[Ker
     for locked in (set(critical[:-1]), set()):
         for root in topo:
             if root not in next_of:
-                _augment(root, adjacency, next_of, prev_of, locked)
+                _augment(root, closure_successors, next_of, prev_of, locked)
 
     heads = [node for node in topo if node not in prev_of]
     chains: list[Chain] = []
@@ -145,7 +152,7 @@ def _chain_cover(dag: nx.DiGraph, topo: Sequence[Kernel], critical: Sequence[Ker
 
 def _augment(
     root: Kernel,
-    adjacency: Mapping[Kernel, Sequence[Kernel]],
+    successors: Callable[[Kernel], Sequence[Kernel]],
     next_of: dict[Kernel, Kernel],
     prev_of: dict[Kernel, Kernel],
     locked: set[Kernel],
@@ -159,7 +166,7 @@ def _augment(
     queue = deque([root])
     while queue:
         left = queue.popleft()
-        for right in adjacency[left]:
+        for right in successors(left):
             owner = prev_of.get(right)
             if right in parent or (owner is not None and owner in locked):
                 continue

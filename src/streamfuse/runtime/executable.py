@@ -1,0 +1,182 @@
+"""Executable: one fixed-shape plan made runnable, and `build_executable`, the flat driver of the
+pipeline after capture, read top to bottom:
+
+plan fusion -> generate and load kernels -> lay out steps -> assign streams -> buffer lifetimes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import networkx as nx
+import torch
+
+from streamfuse.codegen.kernel import KernelSource, generate
+from streamfuse.config import Config
+from streamfuse.fusion.groups import Group, GroupKind, Plan
+from streamfuse.fusion.planner import plan_fusion
+from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.indexing import contiguous_strides
+from streamfuse.runtime.streams import StreamRunner, StreamSchedule, schedule_steps
+from streamfuse.runtime.steps import NodeStep, Step, make_kernel_step
+
+DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
+
+
+def resolve_executor(config: Config, device: torch.device) -> str:
+    if config.executor != "auto":
+        if config.executor == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("Config.executor='triton' on CPU tensors needs TRITON_INTERPRET=1 set before "
+                             "triton is imported; use executor='reference' or 'auto'")
+        return config.executor
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton"
+    return "reference"
+
+
+def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
+    for t in list(example_inputs) + list(graph.constants.values()):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
+def build_executable(graph: Graph, config: Config, device: torch.device) -> Executable:
+    executor = resolve_executor(config, device)
+    sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
+                if device.type == "cuda" else DEFAULT_SM_COUNT)
+    target = "cuda" if device.type == "cuda" else "interpret"
+    # 1. which nodes share a kernel, and why others do not
+    plan = plan_fusion(graph, config)
+    # 2. Triton source for each generated group (always, so explain() shows it on any machine)
+    sources = {g.id: generate(g, config, target, sm_count) for g in plan.groups if g.kind.generated}
+    # 3. one step per group; generated kernels are compiled (cached by content hash) when used
+    slot = {n: i for i, n in enumerate(graph.nodes)}
+    steps: list[Step] = []
+    for g in plan.groups:
+        if g.kind.generated and executor == "triton":
+            from streamfuse.codegen.cache import load_kernel
+
+            kernel = load_kernel(sources[g.id].fn_name, sources[g.id].source, config.cache_dir)
+            steps.append(make_kernel_step(g, sources[g.id], kernel, slot, device))
+        else:
+            steps.append(NodeStep(g, slot))
+    # 4. streams and events for the launches (a pure function; planned on every device)
+    schedule = schedule_steps(plan, config)
+    return Executable(graph, plan, steps, sources, schedule, config, device, executor)
+
+
+def group_dag(plan: Plan) -> nx.DiGraph:
+    """Group id -> group ids that read what it writes."""
+    owner = plan.group_of()
+    dag: nx.DiGraph = nx.DiGraph()
+    for g in plan.groups:
+        dag.add_node(g.id)
+        for n in g.nodes:
+            for u in n.users:
+                if owner[u].id != g.id:
+                    dag.add_edge(g.id, owner[u].id)
+    return dag
+
+
+class Executable:
+    """A fixed-shape plan with its steps; `run` executes it once, on one or several streams."""
+
+    def __init__(self, graph: Graph, plan: Plan, steps: list[Step], sources: dict[int, KernelSource],
+                 schedule: StreamSchedule, config: Config, device: torch.device, executor: str):
+        self.graph = graph
+        self.plan = plan
+        self.steps = steps
+        self.sources = sources
+        self.schedule = schedule
+        self.config = config
+        self.device = device
+        self.executor = executor
+        self.slot = {n: i for i, n in enumerate(graph.nodes)}
+        self.input_slots = [self.slot[n] for n in graph.inputs]
+        self.constants = [(self.slot[n], t) for n, t in graph.constants.items()]
+        self.release = self._release_lists()
+        self.out_slots = [self.slot[o] if isinstance(o, Node) else None for o in graph.outputs]
+        multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
+        self.stream_runner = StreamRunner(self, schedule, device) if multi else None
+
+    def run(self, inputs: Sequence[Any], keep_alive: list[Any] | None = None) -> list[Any]:
+        """Run once on already-checked inputs; returns the flat outputs. With `keep_alive` (a list),
+        no buffer is released during the run and every buffer is appended to it (CUDA-graph capture:
+        memory is then never reused within the graph, whatever stream reads it)."""
+        env: list[Any] = [None] * len(self.graph.nodes)
+        for s, t in zip(self.input_slots, inputs, strict=True):
+            env[s] = t
+        for s, t in self.constants:
+            env[s] = t
+        if self.stream_runner is not None:
+            self.stream_runner.run(env, keep_alive is None)
+        else:
+            for step, release in zip(self.steps, self.release, strict=True):
+                step.run(env)
+                if keep_alive is None:
+                    for s in release:
+                        env[s] = None
+        if keep_alive is not None:
+            keep_alive.extend(t for t in env if t is not None)
+        return [env[s] if s is not None else o for s, o in zip(self.out_slots, self.graph.outputs, strict=True)]
+
+    def check_inputs(self, inputs: Sequence[Any], names: Sequence[str] | None) -> list[Any]:
+        """Inputs as the plan expects them, or ValueError naming the bad one."""
+        expected = self.graph.inputs
+        if len(inputs) != len(expected):
+            raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
+        checked = inputs if isinstance(inputs, list) else list(inputs)
+        for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
+            if (not isinstance(t, torch.Tensor) or t.shape != node.shape or t.dtype != node.dtype
+                    or t.device != self.device):
+                raise_bad_input(i, t, node, self.device, names)
+            if not t.is_contiguous() and is_contiguous_meta(node):
+                checked = list(checked) if checked is inputs else checked
+                checked[i] = t.contiguous()  # documented copy: the plan was traced with a contiguous input
+        return checked
+
+    def _release_lists(self) -> list[list[int]]:
+        """After step i, the slots whose last reader is step i (never graph outputs or inputs)."""
+        last: dict[int, int] = {}
+        for i, step in enumerate(self.steps):
+            for node in step.group.nodes:
+                last.setdefault(self.slot[node], i)
+                for a in node.input_nodes():
+                    last[self.slot[a]] = i
+        keep = {self.slot[o] for o in self.graph.output_nodes}
+        keep |= set(self.input_slots) | {s for s, _ in self.constants}
+        release: list[list[int]] = [[] for _ in self.steps]
+        for s, i in last.items():
+            if s not in keep:
+                release[i].append(s)
+        return release
+
+    def group_by_id(self) -> dict[int, Group]:
+        return {g.id: g for g in self.plan.groups}
+
+    @property
+    def launches(self) -> int:
+        return sum(1 for g in self.plan.groups if g.kind is not GroupKind.ALIAS)
+
+
+def raise_bad_input(i: int, t: Any, node: Node, device: torch.device, names: Sequence[str] | None,
+                    batch_note: str = "") -> None:
+    name = names[i] if names else node.name
+    where = f"input {i} ({name})"
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{where}: expected a {node.dtype} tensor of shape {tuple(node.shape)} on "
+                         f"{device}, got {type(t).__name__}")
+    if tuple(t.shape) != node.shape:
+        raise ValueError(f"{where}: expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
+                         + (batch_note or " (shapes are fixed at compile time; compile again for a new shape)"))
+    if t.dtype != node.dtype:
+        raise ValueError(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
+    raise ValueError(f"{where}: expected device {device}, got {t.device}")
+
+
+def is_contiguous_meta(node: Node) -> bool:
+    return all(st == c for st, c, size in zip(node.strides, contiguous_strides(node.shape), node.shape, strict=True)
+               if size != 1)

@@ -1,0 +1,55 @@
+"""CUDA-graph capture and replay of one Executable at fixed (possibly padded) shapes.
+
+The whole multi-stream schedule is captured as one graph: the StreamRunner's fork and join
+events become graph edges. Inputs are copied into static buffers; the graph's memory comes from a
+pool shared by every graph of a CompiledGraph. Nothing is freed during capture and the runner
+keeps every buffer alive, so no memory is reused inside a graph or across graphs sharing the
+pool, whichever order they replay in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from streamfuse.runtime.executable import Executable
+
+
+class GraphRunner:
+    def __init__(self, exe: Executable, pool: Any, batch_slices: Sequence[int | None], reuse_outputs: bool):
+        """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
+        batch * that), or None for an output that does not depend on the batch."""
+        self.exe = exe
+        self.reuse_outputs = reuse_outputs
+        self.batch_slices = list(batch_slices)
+        self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
+        self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
+        caller = torch.cuda.current_stream(exe.device)
+        warm = torch.cuda.Stream(device=exe.device)
+        warm.wait_stream(caller)
+        with torch.cuda.stream(warm):  # compiles Triton kernels and settles the allocator outside capture
+            for _ in range(2):
+                exe.run(self.static_inputs)
+        caller.wait_stream(warm)
+        self.keep_alive: list[Any] = []
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.static_outputs = exe.run(self.static_inputs, keep_alive=self.keep_alive)
+
+    def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
+        """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
+        exact = batch == self.padded_batch
+        for static, x in zip(self.static_inputs, inputs, strict=True):
+            (static if exact else static[:batch]).copy_(x)
+        self.graph.replay()
+        outs = []
+        for out, rows in zip(self.static_outputs, self.batch_slices, strict=True):
+            if not isinstance(out, torch.Tensor):
+                outs.append(out)
+                continue
+            view = out if exact or rows is None else out[: batch * rows]
+            outs.append(view if self.reuse_outputs else view.clone())
+        return outs
+

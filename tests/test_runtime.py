@@ -1,0 +1,175 @@
+"""Runtime on CPU: stream plans of real graphs, batch-independence analysis, bucket and padding
+rules, streamfuse.parallel, timeline arithmetic. (CUDA streams and graphs themselves: test_gpu.py.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_close_to_reference, randn
+
+import streamfuse
+from streamfuse import Config
+from streamfuse.capture.export import capture
+from streamfuse.ir.batch import Rows, batch_rows
+from streamfuse.ir.from_fx import graph_from_fx
+from streamfuse.profile.timeline import Interval, gap_ratio, intervals_from_trace, span, union_length
+
+
+class FourBranch(torch.nn.Module):
+    """x -> four independent (mm, gelu, mm) branches -> their sum."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.a = torch.nn.ModuleList(torch.nn.Linear(d, d, bias=False) for _ in range(4))
+        self.b = torch.nn.ModuleList(torch.nn.Linear(d, d, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum((b(F.gelu(a(x))) for a, b in zip(self.a, self.b, strict=True)), torch.zeros_like(x))
+
+
+def mlp(d_in: int = 16, d: int = 32, d_out: int = 8) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(d_in, d), torch.nn.ReLU(), torch.nn.Linear(d, d), torch.nn.GELU(),
+                               torch.nn.Linear(d, d_out)).eval()
+
+
+def test_four_branch_block_is_planned_on_four_streams_with_minimal_events(config) -> None:  # type: ignore[no-untyped-def]
+    model = FourBranch().eval()
+    x = randn(2, 16)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config.replace(stream_priorities=False))
+        assert_close_to_reference(compiled(x), model, [x])
+    sched = compiled.base.schedule
+    assert compiled.stats["streams"] == 4
+    # the branches on streams 1-3 each wait once for the caller's stream (fork); the final sum waits for
+    # the three branch tails; the caller's own stream needs no fork or join
+    assert len(sched.fork) == 3 and sched.join == []
+    assert sum(len(w) for w in sched.waits.values()) == 3
+    assert compiled.stats["events"] == 6
+    text = compiled.explain(source=False)
+    assert "schedule: 4 stream(s), 6 cross-stream wait(s)" in text and "stream 3:" in text
+
+
+def test_high_priority_stream_adds_only_its_own_fork_and_join(config) -> None:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        compiled = streamfuse.compile(FourBranch().eval(), (randn(2, 16),), config)
+    sched = compiled.base.schedule
+    assert sched.own_first_stream and 0 in sched.fork and 0 in sched.join
+    assert compiled.stats["events"] == 8
+
+
+def test_max_streams_caps_and_chain_uses_one_stream(config) -> None:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        two = streamfuse.compile(FourBranch().eval(), (randn(2, 16),), config.replace(max_streams=2))
+        chain = streamfuse.compile(mlp(), (randn(2, 16),), config)
+    assert two.stats["streams"] == 2
+    assert chain.stats["streams"] == 1 and chain.stats["events"] == 0
+
+
+@pytest.mark.parametrize(
+    ("fn", "shape", "independent"),
+    [
+        (lambda x: F.layer_norm(x, (8,)).relu(), (4, 8), True),
+        (lambda x: torch.softmax(x.view(4 * 3, 8) @ torch.ones(8, 5), -1).view(4, 3, 5), (4, 3, 8), True),
+        (lambda x: x.transpose(1, 2).contiguous() * 2, (4, 3, 8), True),
+        (lambda x: x.sum(0), (4, 8), False),
+        (lambda x: x.view(-1), (4, 8), True),  # batch element i owns elements [8i, 8i+8)
+        (lambda x: x - x.mean(0, keepdim=True), (4, 8), False),
+        (lambda x: x.t().contiguous(), (4, 8), False),
+        (lambda x: torch.cumsum(x, 0), (4, 8), False),
+        (lambda x: torch.cumsum(x, 1), (4, 8), True),
+        (lambda x: torch.cat([x, x], 0), (4, 8), False),
+        (lambda x: torch.cat([x, x], 1), (4, 8), True),
+    ],
+)
+def test_batch_independence_analysis(fn, shape, independent) -> None:  # type: ignore[no-untyped-def]
+    cap = capture(fn, (randn(*shape),))
+    result = batch_rows(graph_from_fx(cap.gm, cap.bound))
+    assert (not isinstance(result, str)) == independent, result
+
+
+def test_batch_analysis_of_conv_and_transformer_blocks() -> None:
+    from streamfuse.demo_models import DEMO_MODELS
+
+    for factory in DEMO_MODELS.values():
+        model, inputs = factory(torch.device("cpu"))
+        with torch.no_grad():
+            cap = capture(model, inputs)
+        graph = graph_from_fx(cap.gm, cap.bound)
+        result = batch_rows(graph)
+        assert not isinstance(result, str), result
+        assert all(isinstance(result[o], Rows) for o in graph.output_nodes)
+
+
+def test_padding_to_a_bucket_gives_eager_results(config) -> None:  # type: ignore[no-untyped-def]
+    model = mlp()
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (randn(2, 16),), config)
+        for batch in (1, 2, 3, 5, 8, 13):
+            x = randn(batch, 16, seed=batch)
+            out = compiled(x)
+            assert out.shape == (batch, 8)
+            torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    # batches 3, 5, 13 ran padded to 4, 8, 16; 1 and 8 are buckets; 2 is the compiled batch
+    assert set(compiled._variants) == {1, 2, 4, 8, 16}
+
+
+def test_bad_batches_and_shapes_give_clear_errors(config) -> None:  # type: ignore[no-untyped-def]
+    with torch.no_grad():
+        compiled = streamfuse.compile(mlp(), (randn(2, 16),), config)
+        with pytest.raises(ValueError, match="batch 65 exceeds the largest batch bucket 64"):
+            compiled(randn(65, 16))
+        with pytest.raises(ValueError, match=r"expected shape \(3, 16\), got \(3, 17\).*only the batch dimension"):
+            compiled(randn(3, 17))
+        fixed = streamfuse.compile(lambda x: x - x.mean(0, keepdim=True), (randn(4, 8),), config)
+        with pytest.raises(ValueError, match="batch size is fixed at 4: .*reduces over the batch"):
+            fixed(randn(5, 8))
+        torch.testing.assert_close(fixed(randn(4, 8, seed=3)), (lambda x: x - x.mean(0, keepdim=True))(randn(4, 8, seed=3)))
+
+
+def test_parallel_models_match_eager_and_use_one_stream_each(config) -> None:  # type: ignore[no-untyped-def]
+    models = [mlp() for _ in range(4)]
+    xs = [randn(1, 16, seed=i) for i in range(4)]
+    with torch.no_grad():
+        par = streamfuse.parallel(list(zip(models, xs, strict=True)), config)
+        outs = par(*xs)
+        for m, x, o in zip(models, xs, outs, strict=True):
+            torch.testing.assert_close(o, m(x))
+    assert par.stats["streams"] == 4
+    with pytest.raises(ValueError, match="expected inputs for 4 models, got 2"):
+        par(xs[0], xs[1])
+    with pytest.raises(ValueError, match=r"models\[0\] must be a \(model, example_inputs\) pair"):
+        streamfuse.parallel([models[0]], config)  # type: ignore[list-item]
+
+
+def test_config_validates_runtime_fields() -> None:
+    with pytest.raises(ValueError, match="Config.batch_buckets must be"):
+        Config(batch_buckets=(4, 2))
+    with pytest.raises(ValueError, match="Config.max_streams must be a positive int"):
+        Config(max_streams=0)
+
+
+def _iv(start: float, end: float, stream: int = 0) -> Interval:
+    return Interval("k", stream, start, end)
+
+
+def test_timeline_arithmetic_on_synthetic_timelines() -> None:
+    # two streams overlapping, one gap of 10, one kernel nested inside another
+    ivs = [_iv(0, 10), _iv(5, 20, 1), _iv(30, 40), _iv(32, 35, 1)]
+    assert union_length(ivs) == 30
+    assert span(ivs) == 40
+    assert gap_ratio(ivs) == pytest.approx(10 / 30)
+    assert gap_ratio([_iv(0, 5), _iv(5, 9)]) == 0
+    assert gap_ratio([]) == 0
+
+
+def test_intervals_from_a_chrome_trace() -> None:
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "a", "ts": 100.0, "dur": 5.0, "args": {"stream": 7}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "copy", "ts": 106.0, "dur": 2.0, "args": {"stream": 7}},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 90.0, "dur": 50.0},
+        {"ph": "X", "cat": "kernel", "name": "b", "ts": 101.0, "dur": 3.0, "args": {"stream": 13}},
+    ]}
+    ivs = intervals_from_trace(trace)
+    assert [(i.name, i.stream) for i in ivs] == [("a", 7), ("copy", 7), ("b", 13)]
+    assert union_length(ivs) == 7 and gap_ratio(ivs) == pytest.approx(1 / 7)
