@@ -82,3 +82,84 @@ def test_int64_indexing_beyond_two_giga_elements(config) -> None:  # type: ignor
     tail = slice(n - 5000, n)
     torch.testing.assert_close(out[tail], x[tail] * 2 + 1)
     torch.testing.assert_close(out[:5000], x[:5000] * 2 + 1)
+
+
+# ---------------------------------------------------------------- streams and CUDA graphs
+def _fresh(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return randn(*shape, device="cuda", dtype=dtype, seed=seed)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+@pytest.mark.parametrize("name", sorted(DEMO_MODELS))
+def test_streams_and_graphs_match_eager_repeatedly(name: str, graphs: bool, config) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = DEMO_MODELS[name](torch.device("cuda"))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, inputs, config.replace(cuda_graphs=graphs))
+        assert compiled.stats["streams"] >= (2 if name == "multibranch_conv" else 1)
+        for rep in range(25):  # races show up as errors that move between runs
+            x = _fresh(tuple(inputs[0].shape), seed=100 + rep)
+            out, ref = compiled(x), model(x)
+            assert max_error(out, ref) <= 1e-4 * max(float(ref.abs().max()), 1.0), f"rep {rep}"
+    assert compiled.graph_failure is None
+    assert compiled.stats["graphs"] == (1 if graphs else 0)
+
+
+def test_batch_buckets_on_gpu_with_lru_eviction(config) -> None:  # type: ignore[no-untyped-def]
+    from test_runtime import mlp
+
+    model = mlp(64, 256, 32).cuda()
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (_fresh((8, 64), 0),), config.replace(max_graphs=2))
+        for batch in (8, 3, 5, 1, 8, 17, 64):
+            x = _fresh((batch, 64), batch)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert compiled.stats["graphs"] == 2  # LRU kept the last two buckets
+    assert list(compiled._runners) == [32, 64]
+
+
+def test_outputs_are_fresh_unless_reuse_outputs(config) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x: torch.softmax(x, -1) * 2  # noqa: E731
+    a, b = _fresh((4, 64), 1), _fresh((4, 64), 2)
+    fresh = streamfuse.compile(fn, (a,), config)
+    out_a, out_b = fresh(a), fresh(b)
+    torch.testing.assert_close(out_a, fn(a))  # not overwritten by the second call
+    assert out_a.data_ptr() != out_b.data_ptr()
+    reuse = streamfuse.compile(fn, (a,), config.replace(reuse_outputs=True))
+    assert reuse(a).data_ptr() == reuse(b).data_ptr()
+
+
+def test_parallel_models_on_gpu(config) -> None:  # type: ignore[no-untyped-def]
+    from test_runtime import mlp
+
+    models = [mlp(128, 256, 64).cuda() for _ in range(4)]
+    with torch.no_grad():
+        par = streamfuse.parallel([(m, (_fresh((1, 128), i),)) for i, m in enumerate(models)], config)
+        assert par.stats["streams"] == 4
+        for rep in range(20):
+            xs = [_fresh((1, 128), 1000 + 10 * rep + i) for i in range(4)]
+            for m, x, o in zip(models, xs, par(*xs), strict=True):
+                torch.testing.assert_close(o, m(x), rtol=1e-4, atol=1e-4)
+    assert par.compiled.stats["graphs"] == 1
+
+
+@torch.library.custom_op("streamfuse_test::synced_add_one", mutates_args=())
+def _synced_add_one(x: torch.Tensor) -> torch.Tensor:
+    torch.cuda.synchronize()  # not allowed while a stream is being captured
+    return x + 1
+
+
+@_synced_add_one.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_capture_failure_falls_back_to_streams_with_a_reason(config) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x: torch.ops.streamfuse_test.synced_add_one(x * 2).sin()  # noqa: E731
+    x = _fresh((16, 16), 3)
+    compiled = streamfuse.compile(fn, (x,), config)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert compiled.graph_failure is not None
+    assert "CUDA-graph capture failed, running on streams instead" in compiled.explain(source=False)
+    y = _fresh((16, 16), 4)
+    torch.testing.assert_close(compiled(y), fn(y))
+    assert compiled.stats["graphs"] == 0

@@ -1,0 +1,166 @@
+"""Streams + CUDA graphs benchmark, measured side by side in one run on a GPU.
+
+    python benchmarks/streams_graphs.py [--out DIR]
+
+1. four independent 3-layer MLPs at batch 1 through streamfuse.parallel: 4 streams vs the same
+   kernels captured on one stream (max_streams=1), with eager and eager-in-a-CUDA-graph for reference;
+2. a multi-branch conv block at batch 1: 4 streams vs one stream;
+3. host time per call of a captured single-input model;
+4. the demo models: eager vs streamfuse.
+Gap ratio = GPU idle between kernels / GPU busy, over 20 back-to-back calls (torch.profiler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import streamfuse  # noqa: E402
+from streamfuse import Config  # noqa: E402
+from streamfuse.demo_models import DEMO_MODELS, MultiBranchConv  # noqa: E402
+from streamfuse.profile.timeline import gap_ratio, record_timeline, streams_used  # noqa: E402
+from streamfuse.profile.timing import time_cuda_us  # noqa: E402
+
+
+def mlp(d: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d), torch.nn.ReLU(),
+                               torch.nn.Linear(d, d)).eval().cuda()
+
+
+def eager_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn captured as-is into one CUDA graph on one stream (the 'eager + CUDA graph' peer)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
+def host_us_per_call(fn: Callable[[], Any], burst: int = 20, rounds: int = 50) -> float:
+    """Host time of one call: bursts short enough that the launch queue never blocks the host."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        samples.append((time.perf_counter() - t) / burst * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kernels: int | None = None) -> dict:
+    call = time_cuda_us(fn, warmup=20, reps=200)
+    timeline = record_timeline(fn, calls=20)
+    row = {"mode": label, "call_us": call, "gap_ratio": gap_ratio(timeline), "streams_seen": streams_used(timeline),
+           "gpu_ops_per_call": len(timeline) / 20, "kernels": kernels}
+    rows.append(row)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    args = parser.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    card = torch.cuda.get_device_name()
+    print(f"card: {card}; torch {torch.__version__}")
+    config = Config(cache_dir=out_dir / "cache")
+    results: dict[str, Any] = {"card": card}
+
+    with torch.no_grad():
+        # 1. four MLPs at batch 1
+        d = 1024
+        models = [mlp(d) for _ in range(4)]
+        xs = [torch.randn(1, d, device="cuda") for _ in range(4)]
+        pairs = [(m, (x,)) for m, x in zip(models, xs, strict=True)]
+        par4 = streamfuse.parallel(pairs, config)
+        par1 = streamfuse.parallel(pairs, config.replace(max_streams=1))
+        for p in (par4, par1):
+            for o, m, x in zip(p(*xs), models, xs, strict=True):
+                torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
+        rows: list[dict[str, Any]] = []
+        measure("eager", lambda: [m(x) for m, x in pairs_x(models, xs)], rows)
+        measure("eager + CUDA graph", eager_graph(lambda: [m(x) for m, x in pairs_x(models, xs)]), rows)
+        r1 = measure("streamfuse 1 stream", lambda: par1(*xs), rows, par1.stats["kernels"])
+        r4 = measure("streamfuse parallel, 4 streams", lambda: par4(*xs), rows, par4.stats["kernels"])
+        results["mlps"] = {"rows": rows, "speedup_4_vs_1": r1["call_us"] / r4["call_us"],
+                           "streams": par4.stats["streams"], "events": par4.stats["events"]}
+
+        # 2. multi-branch conv block at batch 1
+        rows = []
+        for channels, size in ((32, 16), (64, 56)):
+            block = MultiBranchConv(channels).eval().cuda()
+            x = torch.randn(1, channels, size, size, device="cuda")
+            c4 = streamfuse.compile(block, (x,), config)
+            c1 = streamfuse.compile(block, (x,), config.replace(max_streams=1))
+            torch.testing.assert_close(c4(x), block(x), rtol=1e-3, atol=1e-3)
+            tag = f"conv block c{channels} {size}x{size}"
+            measure(f"{tag}: eager", lambda b=block, x=x: b(x), rows)
+            measure(f"{tag}: eager + CUDA graph", eager_graph(lambda b=block, x=x: b(x)), rows)
+            a = measure(f"{tag}: streamfuse 1 stream", lambda c=c1, x=x: c(x), rows, c1.stats["kernels"])
+            b = measure(f"{tag}: streamfuse {c4.stats['streams']} streams", lambda c=c4, x=x: c(x), rows,
+                        c4.stats["kernels"])
+            results[f"speedup {tag}"] = a["call_us"] / b["call_us"]
+        results["conv"] = rows
+
+        # 3. host time per call
+        single = streamfuse.compile(models[0], (xs[0],), config)
+        results["host_us_single_input_mlp"] = host_us_per_call(lambda: single(xs[0]))
+        results["host_us_eager_mlp"] = host_us_per_call(lambda: models[0](xs[0]))
+
+        # 4. demo models
+        demo = []
+        for name, factory in DEMO_MODELS.items():
+            model, inputs = factory(torch.device("cuda"))
+            compiled = streamfuse.compile(model, inputs, config)
+            demo.append({"model": name, "eager_us": time_cuda_us(lambda: model(*inputs)),
+                         "streamfuse_us": time_cuda_us(lambda: compiled(*inputs)),
+                         "streams": compiled.stats["streams"], "kernels": compiled.stats["kernels"]})
+        results["demo"] = demo
+
+    print()
+    print(f"{'mode':44} {'call µs':>9} {'gap ratio':>10} {'streams':>8} {'GPU ops/call':>13}")
+    for r in results["mlps"]["rows"] + results["conv"]:
+        print(f"{r['mode']:44} {r['call_us']:9.1f} {100 * r['gap_ratio']:9.1f}% {r['streams_seen']:8d} "
+              f"{r['gpu_ops_per_call']:13.1f}")
+    print(f"\n4 MLPs: 4 streams vs 1 stream: {results['mlps']['speedup_4_vs_1']:.2f}x "
+          f"({results['mlps']['streams']} streams, {results['mlps']['events']} events per call)")
+    for k, v in results.items():
+        if k.startswith("speedup conv"):
+            print(f"{k.removeprefix('speedup ')}: multi-stream vs 1 stream: {v:.2f}x")
+    print(f"host time per call, single-input MLP: streamfuse {results['host_us_single_input_mlp']:.1f} µs, "
+          f"eager {results['host_us_eager_mlp']:.1f} µs")
+    for r in results["demo"]:
+        print(f"demo {r['model']:20} eager {r['eager_us']:8.1f} µs  streamfuse {r['streamfuse_us']:8.1f} µs  "
+              f"{r['eager_us'] / r['streamfuse_us']:.2f}x  ({r['kernels']} kernels, {r['streams']} streams)")
+    (out_dir / "streams_graphs.json").write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def pairs_x(models: list[torch.nn.Module], xs: list[torch.Tensor]) -> list[tuple[torch.nn.Module, torch.Tensor]]:
+    return list(zip(models, xs, strict=True))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
