@@ -1,9 +1,13 @@
-"""Host time per call of a one-kernel CompiledGraph, and where it goes (cProfile). GPU only."""
+"""Host time per call of CompiledGraph call paths, and where it goes (cProfile). GPU only.
+
+Times are host-only: short bursts of calls timed with perf_counter (the launch queue never fills),
+synchronized between bursts outside the timed region."""
 
 from __future__ import annotations
 
 import cProfile
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -13,43 +17,53 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import streamfuse  # noqa: E402
+from streamfuse import Config  # noqa: E402
 
 
-def per_call_us(fn, n: int = 2000) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(50):
+def host_us(fn, burst: int = 20, rounds: int = 40) -> float:  # type: ignore[no-untyped-def]
+    for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        samples.append((time.perf_counter() - t) / burst * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
 
 
 def main() -> int:
-    x = torch.randn(1024, device="cuda")
-    fn = lambda t: torch.relu(t * 2 + 1)  # noqa: E731
-    compiled = streamfuse.compile(fn, (x,))
-    step = compiled.steps[0]
-    env = [None] * len(compiled.graph.nodes)
-    env[compiled._input_slots[0]] = x
-    out = torch.empty_like(x)
-    print(f"eager (3 ops)               {per_call_us(lambda: fn(x)):7.1f} us/call")
-    print(f"compiled(x)                 {per_call_us(lambda: compiled(x)):7.1f} us/call")
-    print(f"compiled.run_flat([x])      {per_call_us(lambda: compiled.run_flat([x])):7.1f} us/call")
-    print(f"KernelStep.run              {per_call_us(lambda: step.run(env)):7.1f} us/call")
-    src = step.source
-    args = [x, 1, out]
-    print(f"kernel[grid](...) via JIT   {per_call_us(lambda: step.kernel[src.grid](*args, **src.constexprs)):7.1f} us/call")
-    print(f"torch.empty                 {per_call_us(lambda: torch.empty(1024, device='cuda')):7.1f} us/call")
-    with torch.no_grad():
-        print(f"compiled(x) under no_grad   {per_call_us(lambda: compiled(x)):7.1f} us/call")
+    torch.set_grad_enabled(False)
+    d = 1024
+    model = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d)).eval().cuda()
+    x = torch.randn(1, d, device="cuda")
+    graphed = streamfuse.compile(model, (x,))
+    streams = streamfuse.compile(model, (x,), Config(cuda_graphs=False))
+    graphed(x)
+    runner = next(iter(graphed._runners.values()))
+    static_in, static_out = runner.static_inputs[0], runner.static_outputs[0]
+    rows = {
+        "eager model(x)": lambda: model(x),
+        "streamfuse graph: compiled(x)": lambda: graphed(x),
+        "streamfuse graph: runner([x], 1)": lambda: runner([x], 1),
+        "streamfuse graph: _check_batch": lambda: graphed._check_batch([x]),
+        "graph.replay()": lambda: runner.graph.replay(),
+        "static.copy_(x)": lambda: static_in.copy_(x),
+        "out.clone()": lambda: static_out.clone(),
+        "torch.empty": lambda: torch.empty(1, d, device="cuda"),
+        "streamfuse streams: compiled(x)": lambda: streams(x),
+    }
+    for label, fn in rows.items():
+        print(f"{label:40} {host_us(fn):7.1f} us")
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(500):
-        compiled(x)
+    for _ in range(2000):
+        graphed(x)
     prof.disable()
-    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     return 0
 
 

@@ -90,7 +90,8 @@ class Graph:
     outputs: list[Arg]
     """Flat list of results: Nodes, or constants/None for non-tensor results."""
     constants: dict[Node, torch.Tensor] = field(default_factory=dict)
-    """INPUT nodes bound at compile time (parameters, buffers, lifted constants)."""
+    """Nodes whose value is fixed at compile time: parameters, buffers, lifted constants, and
+    views of those that the runtime takes once."""
     source_ops: int = 0
     """aten ops in the captured graph (before streamfuse's own lowerings; getitem excluded)."""
 

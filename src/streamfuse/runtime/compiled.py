@@ -11,7 +11,7 @@ on its streams.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,8 @@ class CompiledGraph:
         self._runners: OrderedDict[int, GraphRunner] = OrderedDict()
         self._pool: Any = None
         self._mutated_index = {m for m, _ in call.mutated}
+        self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
+            call.out_spec.num_nodes == 1
 
     # -- the pieces of the base plan, for introspection -------------------------------
     @property
@@ -96,7 +98,7 @@ class CompiledGraph:
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *inputs: Any) -> Any:
         if self.use_graphs and self.graph_failure is None:
-            flat = self._replay(list(inputs))
+            flat = self._replay(inputs)
         elif self.batch_reason is None:
             flat = self._run_bucketed(list(inputs))
         else:
@@ -108,6 +110,8 @@ class CompiledGraph:
             return flat
         if self._mutated_index:
             flat = [v for i, v in enumerate(flat) if i not in self._mutated_index]
+        if self._leaf_output:
+            return flat[0]
         return pytree.tree_unflatten(flat, self.call.out_spec)
 
     def run_flat(self, inputs: list[Any]) -> list[Any]:
@@ -132,19 +136,19 @@ class CompiledGraph:
         return [o[: batch * k] if k is not None and isinstance(o, torch.Tensor) else o
                 for o, k in zip(outs, self._slices[padded], strict=True)]
 
-    def _replay(self, inputs: list[Any]) -> list[Any]:
+    def _replay(self, inputs: tuple[Any, ...]) -> list[Any]:
         batch = self._check_batch(inputs)
         padded = batch if batch in self._variants else self._bucket(batch)
         runner = self._runners.get(padded)
         if runner is None:
             runner = self._record(padded)
             if runner is None:  # capture failed: run on streams from now on
-                return self.run_flat(inputs)
+                return self.run_flat(list(inputs))
         else:
             self._runners.move_to_end(padded)
         return runner(inputs, batch)
 
-    def _check_batch(self, inputs: list[Any]) -> int:
+    def _check_batch(self, inputs: Sequence[Any]) -> int:
         expected = self.base.graph.inputs
         if len(inputs) != len(expected):
             raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
@@ -210,6 +214,10 @@ class CompiledGraph:
         return runner
 
     # -- introspection ------------------------------------------------------------------
+    def recorded_graphs(self) -> dict[int, torch.cuda.CUDAGraph]:
+        """Padded batch -> its recorded CUDA graph (replaying one runs just the kernels: profiling)."""
+        return {batch: runner.graph for batch, runner in self._runners.items()}
+
     @property
     def stats(self) -> dict[str, Any]:
         groups = self.base.plan.groups

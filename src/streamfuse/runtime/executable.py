@@ -20,7 +20,7 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
 from streamfuse.runtime.streams import StreamRunner, StreamSchedule, schedule_steps
-from streamfuse.runtime.steps import NodeStep, Step, make_kernel_step
+from streamfuse.runtime.steps import HoistedStep, NodeStep, Step, make_kernel_step
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
 
@@ -63,9 +63,29 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
             steps.append(make_kernel_step(g, sources[g.id], kernel, slot, device))
         else:
             steps.append(NodeStep(g, slot))
-    # 4. streams and events for the launches (a pure function; planned on every device)
+    # 4. zero-copy views of weights are taken once, not on every call
+    steps = _hoist_constant_aliases(plan, steps, graph)
+    # 5. streams and events for the launches (a pure function; planned on every device)
     schedule = schedule_steps(plan, config)
     return Executable(graph, plan, steps, sources, schedule, config, device, executor)
+
+
+def _hoist_constant_aliases(plan: Plan, steps: list[Step], graph: Graph) -> list[Step]:
+    """Alias groups that read only constants run now; their results join graph.constants."""
+    env: dict[Node, Any] = dict(graph.constants)
+    out: list[Step] = []
+    for group, step in zip(plan.groups, steps, strict=True):
+        inputs = [a for n in group.nodes for a in n.input_nodes() if a not in group.nodes]
+        if group.kind is GroupKind.ALIAS and inputs and all(a in env for a in inputs):
+            local = {n: i for i, n in enumerate(inputs + group.nodes)}
+            values: list[Any] = [env[a] for a in inputs] + [None] * len(group.nodes)
+            NodeStep(group, local).run(values)
+            for n in group.nodes:
+                env[n] = graph.constants[n] = values[local[n]]
+            out.append(HoistedStep(group))
+        else:
+            out.append(step)
+    return out
 
 
 def group_dag(plan: Plan) -> nx.DiGraph:

@@ -41,15 +41,30 @@ class GraphRunner:
     def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
         """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
         exact = batch == self.padded_batch
-        for static, x in zip(self.static_inputs, inputs, strict=True):
-            (static if exact else static[:batch]).copy_(x)
+        if len(inputs) == 1:
+            (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])
+        else:
+            statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
+            torch._foreach_copy_(statics, list(inputs))
         self.graph.replay()
-        outs = []
-        for out, rows in zip(self.static_outputs, self.batch_slices, strict=True):
-            if not isinstance(out, torch.Tensor):
-                outs.append(out)
-                continue
-            view = out if exact or rows is None else out[: batch * rows]
-            outs.append(view if self.reuse_outputs else view.clone())
-        return outs
+        if exact:
+            views = self.static_outputs
+        else:
+            views = [o[: batch * rows] if rows is not None and isinstance(o, torch.Tensor) else o
+                     for o, rows in zip(self.static_outputs, self.batch_slices, strict=True)]
+        if self.reuse_outputs:
+            return list(views)
+        return fresh_copies(views)
 
+
+def fresh_copies(values: Sequence[Any]) -> list[Any]:
+    """Copies of the tensors in `values` (one launch for all of them), other values as they are."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if len(tensors) == 1:
+        copies = [tensors[0].clone()]
+    else:
+        copies = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+        if copies:
+            torch._foreach_copy_(copies, tensors)
+    it = iter(copies)
+    return [next(it) if isinstance(v, torch.Tensor) else v for v in values]

@@ -24,19 +24,67 @@ def resolve(value: Arg, env: Env, slot: dict[Node, int]) -> Any:
 
 
 @dataclass
+class _Call:
+    """One node's call with its arguments pre-laid: constants in place, tensor slots patched in."""
+
+    target: Any
+    args: list[Any]
+    kwargs: dict[str, Any]
+    patches: list[tuple[int, int]]
+    """(argument position, env slot) for top-level Node arguments."""
+    nested: bool
+    """Some Node sits inside a list argument: resolve the slow way."""
+    node: Node
+    out: int
+
+
+def _prepare(node: Node, slot: dict[Node, int]) -> _Call:
+    args = list(node.args)
+    patches = [(i, slot[a]) for i, a in enumerate(args) if isinstance(a, Node)]
+    nested = any(isinstance(a, (list, tuple)) and any(isinstance(x, Node) for x in _walk(a)) for a in args)
+    nested |= any(any(isinstance(x, Node) for x in _walk(v)) for v in node.kwargs.values())
+    target = node.target if node.target is not None else operator.getitem
+    return _Call(target, args, dict(node.kwargs), patches, nested, node, slot[node])
+
+
+def _walk(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [y for x in value for y in _walk(x)]
+    return [value]
+
+
+@dataclass
 class NodeStep:
     """Run the group's nodes one by one through torch: ATen/alias groups, and every group
     under the reference executor."""
 
     group: Group
     slot: dict[Node, int]
+    calls: list[_Call] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.calls = [_prepare(n, self.slot) for n in self.group.nodes]
 
     def run(self, env: Env) -> None:
-        for node in self.group.nodes:
-            args = resolve(node.args, env, self.slot)
-            kwargs = {k: resolve(v, env, self.slot) for k, v in node.kwargs.items()}
-            target = node.target if node.target is not None else operator.getitem
-            env[self.slot[node]] = target(*args, **kwargs)
+        for c in self.calls:
+            if c.nested:
+                args = resolve(c.node.args, env, self.slot)
+                kwargs = {k: resolve(v, env, self.slot) for k, v in c.node.kwargs.items()}
+            else:
+                args, kwargs = c.args.copy(), c.kwargs
+                for i, s in c.patches:
+                    args[i] = env[s]
+            env[c.out] = c.target(*args, **kwargs)
+
+
+class HoistedStep:
+    """A step whose results depend on constants only, computed once when the plan was built."""
+
+    def __init__(self, group: Group):
+        self.group = group
+
+    def run(self, env: Env) -> None:
+        return None
 
 
 @dataclass
@@ -100,7 +148,7 @@ def triton_hooks_unset() -> bool:
     return not any(getattr(h, "calls", h) for h in hooks)  # HookChain (triton >= 3.5) or None
 
 
-Step = NodeStep | KernelStep
+Step = NodeStep | KernelStep | HoistedStep
 
 
 def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict[Node, int],
