@@ -52,6 +52,26 @@ def eager_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     return g.replay
 
 
+def eager_graph_streams(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """Each fn on its own stream inside one CUDA graph, forked from and joined to the capture stream
+    (a hand-written multi-stream graph: the control for the scheduler's result)."""
+    for _ in range(3):
+        for f in fns:
+            f()
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in fns]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        main = torch.cuda.current_stream()
+        for s, f in zip(streams, fns, strict=True):
+            s.wait_stream(main)
+            with torch.cuda.stream(s):
+                f()
+        for s in streams:
+            main.wait_stream(s)
+    return g.replay
+
+
 def host_us_per_call(fn: Callable[[], Any], burst: int = 20, rounds: int = 50) -> float:
     """Host time of one call: bursts short enough that the launch queue never blocks the host."""
     for _ in range(10):
@@ -106,6 +126,18 @@ def main() -> int:
         r4 = measure("streamfuse parallel, 4 streams: call", lambda: par4(*xs), rows, par4.stats["kernels"])
         g1 = measure("streamfuse 1 stream: graph replay", replay_of(par1.compiled), rows)
         g4 = measure("streamfuse parallel, 4 streams: graph replay", replay_of(par4.compiled), rows)
+        measure("control: eager kernels, hand-written 4-stream graph",
+                eager_graph_streams([lambda m=m, x=x: m(x) for m, x in pairs_x(models, xs)]), rows)
+        for dd, dtype in ((256, torch.float32), (512, torch.float32), (1024, torch.bfloat16)):
+            ms = [mlp(dd).to(dtype) for _ in range(4)]
+            ins = [torch.randn(1, dd, device="cuda", dtype=dtype) for _ in range(4)]
+            p4 = streamfuse.parallel([(m, (x,)) for m, x in zip(ms, ins, strict=True)], config)
+            p1 = streamfuse.parallel([(m, (x,)) for m, x in zip(ms, ins, strict=True)], config.replace(max_streams=1))
+            p4(*ins), p1(*ins)
+            tag = f"4 MLPs d={dd} {str(dtype).removeprefix('torch.')}"
+            a = measure(f"{tag}: 1 stream graph replay", replay_of(p1.compiled), rows)
+            b = measure(f"{tag}: 4 streams graph replay", replay_of(p4.compiled), rows)
+            results[f"mlp sweep {tag}"] = a["call_us"] / b["call_us"]
         results["mlps"] = {"rows": rows, "speedup_4_vs_1_call": r1["call_us"] / r4["call_us"],
                            "speedup_4_vs_1_replay": g1["call_us"] / g4["call_us"],
                            "streams": par4.stats["streams"], "events": par4.stats["events"]}
@@ -155,6 +187,8 @@ def main() -> int:
     print(f"\n4 MLPs, 4 streams vs 1 stream: {m['speedup_4_vs_1_replay']:.2f}x (graph replay), "
           f"{m['speedup_4_vs_1_call']:.2f}x (call) ({m['streams']} streams, {m['events']} events per call)")
     for k, v in results.items():
+        if k.startswith("mlp sweep"):
+            print(f"{k.removeprefix('mlp sweep ')}: 4 streams vs 1 stream: {v:.2f}x (graph replay)")
         if k.startswith("speedup conv"):
             print(f"{k.removeprefix('speedup ')}: multi-stream vs 1 stream: {v[1]:.2f}x (graph replay), "
                   f"{v[0]:.2f}x (call)")
