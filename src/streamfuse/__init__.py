@@ -53,4 +53,13 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
 register()
 
-__all__ = ["CompiledGraph", "Config", "ParallelModels", "backend", "compile", "make_backend", "parallel"]
+from streamfuse.fusion.resources import occupancy  # noqa: E402
+from streamfuse.profile.api import predict  # noqa: E402
+from streamfuse.profile.api import profile as _profile  # noqa: E402
+
+profile = _profile  # the function shadows the subpackage's attribute on purpose: streamfuse.profile()
+
+__all__ = [
+    "CompiledGraph", "Config", "ParallelModels", "backend", "compile", "make_backend", "occupancy", "parallel",
+    "predict", "profile",
+]

@@ -118,6 +118,106 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from streamfuse.bench.runner import make_mode
+    from streamfuse.bench.workloads import Workload
+    from streamfuse.profile.api import predict, profile
+    from streamfuse.profile.outputs import render_summary, save_report
+
+    import streamfuse
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    factory = load_factory(args.target)
+    model, inputs = factory()
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    modes = [m.strip() for m in args.compare.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in ("eager", "compile", "streamfuse")]
+    if unknown:
+        raise SystemExit(f"error: --compare takes eager, compile and streamfuse; got {', '.join(unknown)}")
+    out = Path(args.out)
+    reports = []
+    if torch.cuda.is_available():
+        workload = Workload(args.target, lambda d: (model, inputs))
+        for mode in modes:
+            with torch.no_grad():
+                fn = make_mode(mode, workload, model, inputs, streamfuse.Config())
+                for _ in range(3):
+                    fn()
+                with profile(mode, calls=args.calls) as prof:
+                    for _ in range(args.calls):
+                        fn()
+            reports.append(prof.report)
+    else:
+        console.print(f"[yellow]No GPU here: the reports are [bold]predicted[/] by the cost model for an {args.gpu} "
+                      "(streamfuse's plan on its streams; eager as the unfused graph with Python launches). "
+                      "torch.compile cannot be predicted and is skipped.[/]")
+        with torch.no_grad():
+            compiled = streamfuse.compile(model, inputs)
+        for mode in modes:
+            if mode == "compile":
+                continue
+            reports.append(predict(compiled, args.gpu, calls=args.calls, label=mode, eager=mode == "eager"))
+    for report in reports:
+        console.print(render_summary(report))
+        paths = save_report(report, out, report.label)
+        console.print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    if len(reports) > 1:
+        table = Table(title="comparison (" + ("predicted" if reports[0].predicted else "measured") + ")")
+        for col in ("mode", "µs per call (GPU span)", "kernels per call", "gap ratio", "streams"):
+            table.add_column(col, justify="left" if col == "mode" else "right")
+        for r in reports:
+            t = r.totals
+            table.add_row(r.label, f"{t['span_us'] / max(t['calls'], 1):.1f}", f"{t['kernels_per_call']:.0f}",
+                          f"{100 * t['gap_ratio']:.1f}%", f"{t['streams']:.0f}")
+        console.print(table)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import datetime
+
+    from rich.progress import Progress
+
+    from streamfuse.bench.report import bar_chart, bench_table, failures
+    from streamfuse.bench.runner import MODES, run_suite
+    from streamfuse.bench.workloads import WORKLOADS, suite
+
+    import streamfuse
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    if args.list:
+        for w in WORKLOADS:
+            console.print(f"{w.name:40} suites: {', '.join(w.suites)}")
+        return 0
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    name = args.suite or ("all" if cuda else "quick")
+    try:
+        workloads = suite(name)
+    except ValueError as exc:
+        raise SystemExit(f"error: --suite: {exc}") from None
+    modes = MODES if cuda else ["eager", "streamfuse"]
+    if not cuda:
+        console.print("[yellow]No GPU here: CPU wall-clock times of eager and streamfuse (reference executor); "
+                      "not GPU figures. Run on a CUDA machine for the real suite.[/]")
+    out = Path(args.out)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=len(workloads) * len(modes))
+
+        def step(label: str) -> None:
+            progress.update(task, description=label, advance=1)
+
+        results = run_suite(workloads, modes, device, streamfuse.Config(cache_dir=out / "cache"), out, step)
+    card = torch.cuda.get_device_name() if cuda else "CPU"
+    title = f"streamfuse bench ({name}) on {card}, {datetime.date.today().isoformat()}, torch {torch.__version__}"
+    console.print(bench_table(results, modes, title))
+    for line in failures(results):
+        console.print(f"[red]failed:[/] {line}")
+    chart = bar_chart(results, modes, out / "bench.png", title)
+    console.print(f"wrote {out / 'bench.json'} and {chart}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamfuse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,6 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("target", metavar="FILE.py:FACTORY")
     explain.add_argument("--no-source", action="store_true", help="omit the generated Triton source")
     explain.set_defaults(fn=cmd_explain)
+    prof = sub.add_parser("profile", help="profile FILE.py:FACTORY: timeline, gap ratio, per kernel, report files")
+    prof.add_argument("target", metavar="FILE.py:FACTORY")
+    prof.add_argument("--compare", default="eager,compile,streamfuse",
+                      help="comma-separated modes: eager, compile, streamfuse")
+    prof.add_argument("--out", default="streamfuse-profile", help="directory for trace, PNG, HTML and JSON")
+    prof.add_argument("--calls", type=int, default=10, help="calls profiled per mode")
+    prof.add_argument("--gpu", default="H200", choices=["H200", "H100", "A100"],
+                      help="GPU whose ceilings a predicted (no-GPU) report uses")
+    prof.set_defaults(fn=cmd_profile)
+    bench = sub.add_parser("bench", help="the benchmark suite: eager, CUDA graph, torch.compile (x2), streamfuse")
+    bench.add_argument("--suite", default=None, help="suite name (default: all on a GPU, quick on CPU)")
+    bench.add_argument("--list", action="store_true", help="list the workloads and their suites")
+    bench.add_argument("--out", default="streamfuse-bench", help="directory for bench.json and bench.png")
+    bench.set_defaults(fn=cmd_bench)
     return parser
 
 

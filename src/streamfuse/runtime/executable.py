@@ -19,7 +19,9 @@ from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
+from streamfuse.profile import known
 from streamfuse.runtime.streams import StreamRunner, StreamSchedule, schedule_steps
+from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.runtime.steps import HoistedStep, NodeStep, Step, make_kernel_step
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
@@ -60,7 +62,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
             from streamfuse.codegen.cache import load_kernel
 
             kernel = load_kernel(sources[g.id].fn_name, sources[g.id].source, config.cache_dir)
-            steps.append(make_kernel_step(g, sources[g.id], kernel, slot, device))
+            step = make_kernel_step(g, sources[g.id], kernel, slot, device)
+            known.register(sources[g.id].fn_name, group_bytes(g), group_flops(g), step)
+            steps.append(step)
         else:
             steps.append(NodeStep(g, slot))
     # 4. zero-copy views of weights are taken once, not on every call

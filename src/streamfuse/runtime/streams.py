@@ -61,7 +61,7 @@ def schedule_steps(plan: Plan, config: Config) -> StreamSchedule:
     index = {g.id: i for i, g in enumerate(groups)}
     launching = [g for g in groups if g.kind is not GroupKind.ALIAS]
     owner = plan.group_of()
-    preds = _launch_preds(groups, owner)
+    preds = launch_predecessors(groups, owner)
     import networkx as nx
 
     dag: nx.DiGraph = nx.DiGraph()
@@ -94,7 +94,7 @@ def schedule_steps(plan: Plan, config: Config) -> StreamSchedule:
                           fork=fork, join=join, own_first_stream=own_first, plan=splan)
 
 
-def _launch_preds(groups: list[Group], owner: dict[Any, Group]) -> dict[int, set[int]]:
+def launch_predecessors(groups: list[Group], owner: dict[Any, Group]) -> dict[int, set[int]]:
     """For each group, the launching groups it depends on, looking through aliases."""
     direct = {g.id: {owner[a].id for n in g.nodes for a in n.input_nodes() if a in owner} - {g.id} for g in groups}
     kind = {g.id: g.kind for g in groups}

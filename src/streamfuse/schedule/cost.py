@@ -1,4 +1,4 @@
-"""Predicted kernel time for scheduling: memory time plus arithmetic time plus a launch cost.
+"""Predicted kernel time for scheduling and simulation: a roofline from shapes, plus a launch cost.
 
 A deliberately simple model from shapes alone (bytes each input is read and each output written
 once; 2*M*N*K flops for contractions). The device ceilings are H200 figures (GPU_FACTS.md);
@@ -18,12 +18,21 @@ FLOPS_PER_US = 4.0e8  # dense half-precision matrix rate, about half the measure
 LAUNCH_US = 2.0
 
 
-def estimate_us(group: Group) -> float:
+def estimate_us(group: Group, bytes_per_us: float = BYTES_PER_US, flops_per_us: float = FLOPS_PER_US,
+                launch_us: float = LAUNCH_US) -> float:
+    """max(memory time, arithmetic time) plus a launch cost (the roofline, plus overhead)."""
     if group.kind is GroupKind.ALIAS:
         return 0.0
-    moved = sum(n.numel * n.itemsize for n in group.inputs + group.outputs)
-    flops = sum(_flops(n) for n in group.nodes)
-    return LAUNCH_US + moved / BYTES_PER_US + flops / FLOPS_PER_US
+    return launch_us + max(group_bytes(group) / bytes_per_us, group_flops(group) / flops_per_us)
+
+
+def group_bytes(group: Group) -> float:
+    """Bytes a group's kernel must move: each input read once, each output written once."""
+    return float(sum(n.numel * n.itemsize for n in group.inputs + group.outputs))
+
+
+def group_flops(group: Group) -> float:
+    return sum(_flops(n) for n in group.nodes)
 
 
 def _flops(n: Node) -> float:

@@ -1,0 +1,1 @@
+"""The benchmark suite of `streamfuse bench`: workloads x modes, measured side by side in one run."""

@@ -1,0 +1,1 @@
+"""Simulation: predicted GPU timelines on machines without a GPU (labelled "predicted")."""
