@@ -118,10 +118,11 @@ def test_batch_buckets_on_gpu_with_lru_eviction(config) -> None:  # type: ignore
 
 
 def test_outputs_are_fresh_unless_reuse_outputs(config) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: torch.softmax(x, -1) * 2  # noqa: E731
+    fn = lambda x: torch.softmax(x, -1).sum(0, keepdim=True) * x  # noqa: E731  # two reduction domains: 2 launches
     a, b = _fresh((4, 64), 1), _fresh((4, 64), 2)
     fresh = streamfuse.compile(fn, (a,), config)
     out_a, out_b = fresh(a), fresh(b)
+    assert fresh.stats["graphs"] == 1
     torch.testing.assert_close(out_a, fn(a))  # not overwritten by the second call
     assert out_a.data_ptr() != out_b.data_ptr()
     reuse = streamfuse.compile(fn, (a,), config.replace(reuse_outputs=True))

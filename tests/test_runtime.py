@@ -173,3 +173,17 @@ def test_intervals_from_a_chrome_trace() -> None:
     ivs = intervals_from_trace(trace)
     assert [(i.name, i.stream) for i in ivs] == [("a", 7), ("copy", 7), ("b", 13)]
     assert union_length(ivs) == 7 and gap_ratio(ivs) == pytest.approx(1 / 7)
+
+
+def test_cuda_graphs_are_skipped_where_they_cannot_pay_off(config) -> None:  # type: ignore[no-untyped-def]
+    one = streamfuse.compile(lambda x: torch.softmax(x, -1), (randn(8, 16),), config)
+    assert "one kernel launch per call" in (one.graph_skip or "")
+    big = streamfuse.compile(lambda x: torch.softmax(x, -1).sum(0) + 1, (randn(2048, 2048),), config)
+    assert "would cost more than the graph saves" in (big.graph_skip or "")
+    assert "CUDA graphs: not used" in big.explain(source=False)
+    with torch.no_grad():
+        small = streamfuse.compile(mlp(), (randn(2, 16),), config)
+    assert small.graph_skip is None
+    reuse = streamfuse.compile(lambda x: torch.softmax(x, -1).sum(0) + 1, (randn(2048, 2048),),
+                               config.replace(reuse_outputs=True))
+    assert reuse.graph_skip is None  # without the output copy, the 16 MiB input copy (~15 µs) still pays

@@ -85,7 +85,15 @@ def make_mode(mode: str, workload: Workload, model: Any, inputs: tuple[torch.Ten
             return lambda: par(*inputs)
         if mode in ("compile", "compile-ro"):
             models = [torch.compile(m, mode="reduce-overhead" if mode == "compile-ro" else None) for m in models]
-        run = lambda: [m(x) for m, x in zip(models, inputs, strict=True)]  # noqa: E731
+        if mode == "compile-ro":  # several cudagraph-tree models per step: mark each invocation
+            def run() -> list[Any]:
+                outs = []
+                for m, x in zip(models, inputs, strict=True):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    outs.append(m(x).clone())
+                return outs
+        else:
+            run = lambda: [m(x) for m, x in zip(models, inputs, strict=True)]  # noqa: E731
     else:
         if mode == "streamfuse":
             compiled = streamfuse.compile(model, inputs, config)

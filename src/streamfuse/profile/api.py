@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from streamfuse.profile.known import kernel_info
-from streamfuse.profile.report import CEILINGS, Ceilings, DeviceSample, ProfileReport, build_report
+from streamfuse.profile.report import CEILINGS, Ceilings, DeviceSample, KernelInfo, ProfileReport, build_report
 
 
 class Profile:
@@ -90,13 +90,22 @@ def predict(compiled: Any, gpu: str = "H200", calls: int = 1, label: str | None 
     if eager:
         import streamfuse
 
-        eager_plan = streamfuse.CompiledGraph(_unfused(compiled), compiled.call)
-        intervals = predict_intervals(eager_plan, ceilings, calls, launch_us=EAGER_LAUNCH_US, one_stream=True)
+        compiled = streamfuse.CompiledGraph(_unfused(compiled), compiled.call)
+        intervals = predict_intervals(compiled, ceilings, calls, launch_us=EAGER_LAUNCH_US, one_stream=True)
     else:
         intervals = predict_intervals(compiled, ceilings, calls)
-    info = {n: i for n in {iv.name for iv in intervals} if (i := kernel_info(n)) is not None}
+    info = _plan_info(compiled)
     return build_report(label or ("eager" if eager else "streamfuse"), ceilings.name, intervals, predicted=True,
                         calls=calls, ceilings=ceilings, info=info)
+
+
+def _plan_info(compiled: Any) -> dict[str, KernelInfo]:
+    """Bytes and flops per kernel, from the plan's shapes (what the predicted intervals are named by)."""
+    from streamfuse.schedule.cost import group_bytes, group_flops
+    from streamfuse.sim.timeline import kernel_name
+
+    return {kernel_name(compiled, g): KernelInfo(bytes=group_bytes(g), flops=group_flops(g))
+            for g in compiled.plan.groups if g.launches}
 
 
 def _unfused(compiled: Any) -> Any:

@@ -54,7 +54,10 @@ class CompiledGraph:
         self.config = base.config
         self.graph_failure: str | None = None
         """Why CUDA-graph capture failed (the calls then run on streams), or None."""
-        self.use_graphs = base.config.cuda_graphs and base.device.type == "cuda" and base.executor == "triton"
+        self.graph_skip: str | None = graph_skip_reason(base) if base.config.cuda_graphs else None
+        """Why CUDA graphs are not used although enabled (they would not pay off), or None."""
+        self.use_graphs = (base.config.cuda_graphs and base.device.type == "cuda" and base.executor == "triton"
+                           and self.graph_skip is None)
         analysis = batch_rows(base.graph)
         self.base_batch = base.graph.inputs[0].shape[0] if base.graph.inputs and base.graph.inputs[0].shape else 0
         self.batch_reason: str | None = analysis if isinstance(analysis, str) else None
@@ -245,6 +248,38 @@ class CompiledGraph:
         s = self.stats
         return (f"CompiledGraph({s['source_ops']} ops -> {s['kernels']} kernels on {s['streams']} streams, "
                 f"{s['generated_kernels']} generated, executor={s['executor']}, device={s['device']})")
+
+
+GRAPH_NODE_US = 1.1
+"""A kernel launched from a CUDA graph (H200, GPU_FACTS.md)."""
+DIRECT_LAUNCH_US = 10.0
+"""A kernel launched from Python, through streamfuse's direct path or ATen (measured 9.6-14 µs)."""
+COPY_CALL_US = 7.0
+"""Host cost of one copy or clone call (benchmarks/host_overhead.py: 6.5 and 7.9 µs)."""
+COPY_BYTES_PER_US = 4.2e6 / 2
+"""Device copy: bytes read + written at 4.2 TB/s, so each copied byte costs two."""
+
+
+def graph_skip_reason(exe: Executable) -> str | None:
+    """Why replaying a CUDA graph would not beat launching directly, or None if it would.
+
+    A graph saves the host launch cost of every kernel but adds copies: inputs into its static
+    buffers and (unless reuse_outputs) results out of them. With one launch, or with tensors so large
+    that the copies cost more than the launches saved, direct launches win."""
+    launches = exe.launches
+    if launches < 2:
+        return "one kernel launch per call: a graph saves nothing over launching it directly"
+    tensors = list(exe.graph.inputs)
+    if not exe.config.reuse_outputs:
+        tensors += exe.graph.output_nodes
+    copy_bytes = sum(n.numel * n.itemsize for n in tensors)
+    copies = (1 if exe.graph.inputs else 0) + (0 if exe.config.reuse_outputs else 1)
+    cost = copy_bytes / COPY_BYTES_PER_US + copies * COPY_CALL_US
+    saved = launches * (DIRECT_LAUNCH_US - GRAPH_NODE_US)
+    if cost > saved:
+        return (f"copying inputs{'' if exe.config.reuse_outputs else ' and outputs'} ({copy_bytes / 2**20:.1f} MiB, "
+                f"~{cost:.0f} µs) would cost more than the graph saves on {launches} launches (~{saved:.0f} µs)")
+    return None
 
 
 def _batch_slices(graph: Graph, analysis: dict[Node, Any]) -> list[int | None]:

@@ -78,6 +78,8 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
                         f"{compiled.batch_reason}"))
         if compiled.graph_failure:
             lines.append(f"CUDA-graph capture failed, running on streams instead: {compiled.graph_failure}")
+    elif compiled.graph_skip is not None:
+        lines.append(f"CUDA graphs: not used: {compiled.graph_skip}")
     else:
         lines.append("CUDA graphs: off (" + ("not a CUDA device" if compiled.device.type != "cuda"
                                              else "Config.cuda_graphs=False") + ")")

@@ -46,12 +46,12 @@ def predict_intervals(compiled: Any, ceilings: Ceilings, calls: int = 1, launch_
             duration = estimate_us(group, bytes_per_us, flops_per_us, launch_us=0.0)
             end[i] = start + duration
             stream_free[stream] = end[i]
-            out.append(Interval(_kernel_name(compiled, group), stream, start, end[i]))
+            out.append(Interval(kernel_name(compiled, group), stream, start, end[i]))
         clock = max(end.values(), default=clock)
     return out
 
 
-def _kernel_name(compiled: Any, group: Any) -> str:
+def kernel_name(compiled: Any, group: Any) -> str:
     source = compiled.sources.get(group.id)
     if source is not None:
         return source.fn_name
