@@ -62,9 +62,25 @@ def fresh_copies(values: Sequence[Any]) -> list[Any]:
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
     if len(tensors) == 1:
         copies = [tensors[0].clone()]
+    elif tensors:
+        copies = _carve(tensors)  # one allocation per dtype instead of one per output
+        torch._foreach_copy_(copies, tensors)
     else:
-        copies = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-        if copies:
-            torch._foreach_copy_(copies, tensors)
+        copies = []
     it = iter(copies)
     return [next(it) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _carve(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Fresh contiguous tensors shaped like `tensors`, as disjoint views of one buffer per dtype."""
+    totals: dict[torch.dtype, int] = {}
+    for t in tensors:
+        totals[t.dtype] = totals.get(t.dtype, 0) + t.numel()
+    buffers = {dt: torch.empty(n, dtype=dt, device=tensors[0].device) for dt, n in totals.items()}
+    offsets = dict.fromkeys(totals, 0)
+    out = []
+    for t in tensors:
+        start = offsets[t.dtype]
+        out.append(buffers[t.dtype][start: start + t.numel()].view(t.shape))
+        offsets[t.dtype] = start + t.numel()
+    return out
