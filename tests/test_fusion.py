@@ -129,3 +129,34 @@ def test_batch_norm_inference_fuses_into_the_conv_epilogue(config, device) -> No
         compiled = compile_and_check(model, [randn(2, 3, 10, 10, device=device)], config)
     assert compiled.stats["kernels"] == 2  # convolution (cuDNN) + one BN/ReLU kernel
     assert compiled.stats["aten_kernels"] == 1
+
+
+def test_independent_small_pointwise_ops_pack_into_one_launch(config, device) -> None:  # type: ignore[no-untyped-def]
+    def many(*xs: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.relu(x) * 2 + 1 for x in xs]
+
+    xs = [randn(16, 24, device=device, seed=i) for i in range(32)]
+    compiled = compile_and_check(many, xs, config)
+    assert compiled.stats["kernels"] <= 2
+    (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.HORIZONTAL]
+    assert len(group.parts) == 32 and len(group.inputs) == 32 and len(group.outputs) == 32
+    assert "32 independent pointwise kernels in one launch" in compiled.explain(source=False)
+
+
+def test_horizontal_packing_with_mixed_sizes_and_shared_inputs(config, device) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda a, b, c: (a.exp() * 2, (b - 1).sigmoid(), c * a.sum(), a.sin() + 3)  # noqa: E731
+    a, b, c = randn(7, 13, device=device), randn(1000, device=device, seed=2), randn(3, 5, 2, device=device, seed=3)
+    compiled = compile_and_check(fn, [a, b, c], config)
+    packed = [g for g in compiled.plan.groups if g.kind is GroupKind.HORIZONTAL]
+    assert packed and sorted(len(g.parts) for g in packed) == [3]  # exp, sigmoid, sin; c*sum waits for the sum
+    off = compile_and_check(fn, [a, b, c], config.replace(horizontal_fusion=False))
+    assert off.stats["kernels"] == compiled.stats["kernels"] + 2
+
+
+def test_dependent_or_large_kernels_are_not_packed(config, device) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda x, y: (torch.softmax(x, -1), y * 2)  # noqa: E731  # a reduction never packs
+    compiled = compile_and_check(fn, [randn(8, 16, device=device), randn(8, 16, device=device, seed=1)], config)
+    assert all(g.kind is not GroupKind.HORIZONTAL for g in compiled.plan.groups)
+    big = compile_and_check(lambda x, y: (x * 2, y + 1), [randn(600, 600, device=device), randn(600, 600, device=device, seed=1)],
+                            config.replace(horizontal_max_elements=1000))
+    assert big.stats["kernels"] == 2

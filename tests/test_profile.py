@@ -25,10 +25,13 @@ def _branchy() -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     return FourBranch(32).eval(), (randn(4, 32),)
 
 
+_NO_PACKING = {"horizontal_fusion": False}
+
+
 def test_predicted_timeline_respects_streams_and_dependencies(config) -> None:  # type: ignore[no-untyped-def]
     model, inputs = _branchy()
     with torch.no_grad():
-        compiled = streamfuse.compile(model, inputs, config)
+        compiled = streamfuse.compile(model, inputs, config.replace(**_NO_PACKING))
     intervals = predict_intervals(compiled, CEILINGS["H200"], calls=2)
     launches = compiled.stats["kernels"]
     assert len(intervals) == 2 * launches
@@ -44,7 +47,7 @@ def test_predicted_timeline_respects_streams_and_dependencies(config) -> None:  
 def test_predict_labels_the_report_and_models_eager(config) -> None:  # type: ignore[no-untyped-def]
     model, inputs = _branchy()
     with torch.no_grad():
-        compiled = streamfuse.compile(model, inputs, config)
+        compiled = streamfuse.compile(model, inputs, config.replace(**_NO_PACKING))
     sf = streamfuse.predict(compiled, "H200", calls=3)
     eager = streamfuse.predict(compiled, "H200", calls=3, eager=True)
     assert sf.predicted and eager.predicted and sf.tag == "predicted"

@@ -37,7 +37,8 @@ def test_four_branch_block_is_planned_on_four_streams_with_minimal_events(config
     model = FourBranch().eval()
     x = randn(2, 16)
     with torch.no_grad():
-        compiled = streamfuse.compile(model, (x,), config.replace(stream_priorities=False))
+        # without horizontal packing, which would pack the four GELUs into one launch and join the branches
+        compiled = streamfuse.compile(model, (x,), config.replace(stream_priorities=False, horizontal_fusion=False))
         assert_close_to_reference(compiled(x), model, [x])
     sched = compiled.base.schedule
     assert compiled.stats["streams"] == 4
@@ -52,7 +53,7 @@ def test_four_branch_block_is_planned_on_four_streams_with_minimal_events(config
 
 def test_high_priority_stream_adds_only_its_own_fork_and_join(config) -> None:  # type: ignore[no-untyped-def]
     with torch.no_grad():
-        compiled = streamfuse.compile(FourBranch().eval(), (randn(2, 16),), config)
+        compiled = streamfuse.compile(FourBranch().eval(), (randn(2, 16),), config.replace(horizontal_fusion=False))
     sched = compiled.base.schedule
     assert sched.own_first_stream and 0 in sched.fork and 0 in sched.join
     assert compiled.stats["events"] == 8
@@ -60,7 +61,8 @@ def test_high_priority_stream_adds_only_its_own_fork_and_join(config) -> None:  
 
 def test_max_streams_caps_and_chain_uses_one_stream(config) -> None:  # type: ignore[no-untyped-def]
     with torch.no_grad():
-        two = streamfuse.compile(FourBranch().eval(), (randn(2, 16),), config.replace(max_streams=2))
+        two = streamfuse.compile(FourBranch().eval(), (randn(2, 16),),
+                                 config.replace(max_streams=2, horizontal_fusion=False))
         chain = streamfuse.compile(mlp(), (randn(2, 16),), config)
     assert two.stats["streams"] == 2
     assert chain.stats["streams"] == 1 and chain.stats["events"] == 0

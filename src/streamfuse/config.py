@@ -29,6 +29,13 @@ class Config:
     """Upper bound on tensors (inputs + outputs) one generated kernel takes."""
     max_ops_per_kernel: int = 256
     """Upper bound on IR nodes fused into one kernel."""
+    horizontal_fusion: bool = True
+    """Pack independent small pointwise kernels into one launch."""
+    horizontal_max_elements: int = 262144
+    """A pointwise kernel is "small" (worth packing) up to this many elements: about what it takes
+    to give every SM of an H200 two programs of 1024 elements."""
+    max_horizontal_parts: int = 64
+    """At most this many kernels in one packed launch (their tensors also count against max_kernel_args)."""
     max_persistent_reduction: int = 16384
     """Largest reduced extent (elements per row) kept in registers in one pass; larger
     reductions run through ATen (recorded as a refusal)."""
@@ -78,6 +85,8 @@ class Config:
             "max_kernel_args": self.max_kernel_args,
             "max_ops_per_kernel": self.max_ops_per_kernel,
             "max_persistent_reduction": self.max_persistent_reduction,
+            "horizontal_max_elements": self.horizontal_max_elements,
+            "max_horizontal_parts": self.max_horizontal_parts,
             "pointwise_block": self.pointwise_block,
             "pointwise_num_warps": self.pointwise_num_warps,
             "reduction_elems_per_thread": self.reduction_elems_per_thread,

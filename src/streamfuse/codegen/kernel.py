@@ -55,6 +55,8 @@ def generate(group: Group, config: Config, target: str, sm_count: int) -> Kernel
     if group.kind is GroupKind.REDUCTION:
         assert group.domain is not None
         return _generate_reduction(group, group.domain, config, target, sm_count)
+    if group.kind is GroupKind.HORIZONTAL:
+        return _generate_horizontal(group, config, target)
     raise ValueError(f"group {group.name} of kind {group.kind.value} is not generated")
 
 
@@ -66,12 +68,24 @@ def _needs_int64(group: Group, n: int) -> bool:
     return max([n] + [x.numel for x in group.inputs + group.outputs]) > INT32_LIMIT
 
 
+def _pointwise_launch(n: int, config: Config) -> tuple[int, int]:
+    block = min(config.pointwise_block, max(16, _next_pow2(n)))
+    return block, max(1, min(config.pointwise_num_warps, block // 256))
+
+
 def _generate_pointwise(group: Group, config: Config, target: str) -> KernelSource:
     n = math.prod(group.shape)
-    block = min(config.pointwise_block, max(16, _next_pow2(n)))
-    num_warps = max(1, min(config.pointwise_num_warps, block // 256))
+    block, num_warps = _pointwise_launch(n, config)
     pid = "tl.program_id(0).to(tl.int64)" if _needs_int64(group, n) else "tl.program_id(0)"
     em = _Emitter(group, target, masks={frozenset({"offs"}): "mask"})
+    _pointwise_body(em, group, block, pid, out_offset=0)
+    return em.finish("pw", ["BLOCK: tl.constexpr"], grid=(math.ceil(n / block),), num_warps=num_warps,
+                     constexprs={"BLOCK": block})
+
+
+def _pointwise_body(em: _Emitter, group: Group, block: int, pid: str, out_offset: int) -> None:
+    """Lines computing and storing `group`'s outputs for the tile of program `pid`."""
+    n = math.prod(group.shape)
     em.lines.append(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
     if n % block:
         em.lines.append(f"mask = offs < {n}")
@@ -80,9 +94,28 @@ def _generate_pointwise(group: Group, config: Config, target: str) -> KernelSour
     index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
     for j, out in enumerate(group.outputs):
         v = em.value(out, index)
-        em.store(f"out{j}_ptr + offs", _store_cast(v, out), em.mask_for(frozenset({"offs"})))
-    return em.finish("pw", ["BLOCK: tl.constexpr"], grid=(math.ceil(n / block),), num_warps=num_warps,
-                     constexprs={"BLOCK": block})
+        em.store(f"out{out_offset + j}_ptr + offs", _store_cast(v, out), em.mask_for(frozenset({"offs"})))
+
+
+def _generate_horizontal(group: Group, config: Config, target: str) -> KernelSource:
+    """One launch, one program-id range per part: `if pid < end0: part 0 elif pid < end1: part 1 ...`."""
+    sizes = [math.prod(p.shape) for p in group.parts]
+    block, num_warps = _pointwise_launch(max(sizes), config)
+    wide = any(_needs_int64(p, n) for p, n in zip(group.parts, sizes, strict=True))
+    top = _Emitter(group, target, masks={})
+    top.lines.append("pid = tl.program_id(0).to(tl.int64)" if wide else "pid = tl.program_id(0)")
+    start, out_offset = 0, 0
+    for k, (part, n) in enumerate(zip(group.parts, sizes, strict=True)):
+        sub = _Emitter(part, target, masks={frozenset({"offs"}): "mask"}, input_slot=top.input_slot)
+        sub.counter = top.counter
+        _pointwise_body(sub, part, block, "pid" if start == 0 else f"(pid - {start})", out_offset)
+        start += math.ceil(n / block)
+        top.lines.append(f"{'if' if k == 0 else 'elif'} pid < {start}:")
+        top.lines += [f"    {line}" for line in sub.lines]
+        top.helpers |= sub.helpers
+        top.counter = sub.counter
+        out_offset += len(part.outputs)
+    return top.finish("hz", ["BLOCK: tl.constexpr"], grid=(start,), num_warps=num_warps, constexprs={"BLOCK": block})
 
 
 def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, target: str,
@@ -140,12 +173,13 @@ def _store_cast(v: Operand, out: Node) -> str:
 
 
 class _Emitter:
-    def __init__(self, group: Group, target: str, masks: dict[frozenset[str], str]):
+    def __init__(self, group: Group, target: str, masks: dict[frozenset[str], str],
+                 input_slot: dict[Node, int] | None = None):
         self.group = group
         self.target = target
         self.masks = masks
         self.members = set(group.nodes)
-        self.input_slot = {n: i for i, n in enumerate(group.inputs)}
+        self.input_slot = input_slot if input_slot is not None else {n: i for i, n in enumerate(group.inputs)}
         self.lines: list[str] = []
         self.cache: dict[tuple[Node, tuple[str, ...]], Operand] = {}
         self.reduced: dict[Node, Operand] = {}

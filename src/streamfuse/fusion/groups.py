@@ -14,6 +14,8 @@ class GroupKind(enum.Enum):
     """A generated kernel over one iteration shape."""
     REDUCTION = "reduction"
     """A generated kernel over rows x reduced extent, with prologue and epilogue."""
+    HORIZONTAL = "horizontal"
+    """Independent small pointwise groups packed into one launch (program-id ranges pick the part)."""
     ATEN = "aten"
     """One op run through ATen (opaque, contraction, or a refused reduction): one launch."""
     ALIAS = "alias"
@@ -21,7 +23,7 @@ class GroupKind(enum.Enum):
 
     @property
     def generated(self) -> bool:
-        return self in (GroupKind.POINTWISE, GroupKind.REDUCTION)
+        return self in (GroupKind.POINTWISE, GroupKind.REDUCTION, GroupKind.HORIZONTAL)
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,13 @@ class Group:
     """REDUCTION: the rows x columns space."""
     note: str = ""
     """Why an ATEN group was not generated, when it could have been."""
+    parts: list[Group] = field(default_factory=list)
+    """HORIZONTAL: the packed pointwise groups, in launch-range order."""
 
     @property
     def name(self) -> str:
+        if self.kind is GroupKind.HORIZONTAL:
+            return f"k{self.id}_horizontal_x{len(self.parts)}"
         ops = [n.op.split(".")[1] for n in self.nodes if n.op.startswith("aten.")]
         head = "_".join(dict.fromkeys(ops))[:40] or self.nodes[0].op
         return f"k{self.id}_{head}"

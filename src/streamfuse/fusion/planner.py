@@ -12,6 +12,7 @@ import networkx as nx
 
 from streamfuse.config import Config
 from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal
+from streamfuse.fusion.horizontal import pack_horizontal
 from streamfuse.fusion.legality import check_group, node_refusal
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.ops import OpKind
@@ -57,6 +58,8 @@ def plan_fusion(graph: Graph, config: Config) -> Plan:
         refusals.append(Refusal(p, c, reason))
 
     groups = _build_groups(state, graph, outputs, config)
+    if config.fuse and config.horizontal_fusion:
+        groups = pack_horizontal(groups, position, config)
     return Plan(graph=graph, groups=groups, refusals=refusals, merges=merges)
 
 

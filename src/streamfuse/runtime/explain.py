@@ -26,6 +26,11 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
         assert g.domain is not None
         head = (f"reduction of {g.domain.rows} rows x {g.domain.row_size} over dims {list(g.domain.dims)} of "
                 f"{list(g.domain.shape)}, grid {src.grid}, {src.num_warps} warps, {src.constexprs}")
+    elif g.kind is GroupKind.HORIZONTAL:
+        src = compiled.sources[g.id]
+        shapes = ", ".join(str(list(p.shape)) for p in g.parts)
+        head = (f"{len(g.parts)} independent pointwise kernels in one launch ({shapes}), grid {src.grid}, "
+                f"{src.num_warps} warps, {src.constexprs}")
     elif g.kind is GroupKind.ATEN:
         head = f"ATen ({g.note})" if g.note else "ATen"
     else:

@@ -153,7 +153,7 @@ Step = NodeStep | KernelStep | HoistedStep
 
 def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict[Node, int],
                      device: torch.device) -> KernelStep:
-    assert group.kind in (GroupKind.POINTWISE, GroupKind.REDUCTION)
+    assert group.kind.generated
     return KernelStep(
         group=group, source=source, kernel=kernel,
         in_slots=[slot[n] for n in source.inputs],
