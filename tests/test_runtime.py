@@ -179,7 +179,10 @@ def test_intervals_from_a_chrome_trace() -> None:
 
 def test_cuda_graphs_are_skipped_where_they_cannot_pay_off(config) -> None:  # type: ignore[no-untyped-def]
     one = streamfuse.compile(lambda x: torch.softmax(x, -1), (randn(8, 16),), config)
-    assert "one kernel launch per call" in (one.graph_skip or "")
+    assert "graph saves on one kernel launch" in (one.graph_skip or "")
+    packed = streamfuse.compile(lambda *xs: [x.relu() * 2 for x in xs], tuple(randn(8, 8, seed=i) for i in range(32)),
+                                config)
+    assert packed.stats["kernels"] == 1 and packed.graph_skip is None  # 32 allocations saved per call
     big = streamfuse.compile(lambda x: torch.softmax(x, -1).sum(0) + 1, (randn(2048, 2048),), config)
     assert "would cost more than the graph saves" in (big.graph_skip or "")
     assert "CUDA graphs: not used" in big.explain(source=False)
@@ -189,3 +192,14 @@ def test_cuda_graphs_are_skipped_where_they_cannot_pay_off(config) -> None:  # t
     reuse = streamfuse.compile(lambda x: torch.softmax(x, -1).sum(0) + 1, (randn(2048, 2048),),
                                config.replace(reuse_outputs=True))
     assert reuse.graph_skip is None  # without the output copy, the 16 MiB input copy (~15 µs) still pays
+
+
+def test_independent_chains_are_not_packed_into_lockstep(config) -> None:  # type: ignore[no-untyped-def]
+    from streamfuse.fusion.groups import GroupKind
+
+    with torch.no_grad():
+        branches = streamfuse.compile(FourBranch().eval(), (randn(2, 16),), config)
+        par = streamfuse.parallel([(mlp(), (randn(1, 16, seed=i),)) for i in range(4)], config)
+    for compiled in (branches, par.compiled):
+        assert all(g.kind is not GroupKind.HORIZONTAL for g in compiled.plan.groups)
+        assert compiled.stats["streams"] == 4

@@ -258,27 +258,33 @@ COPY_CALL_US = 7.0
 """Host cost of one copy or clone call (benchmarks/host_overhead.py: 6.5 and 7.9 µs)."""
 COPY_BYTES_PER_US = 4.2e6 / 2
 """Device copy: bytes read + written at 4.2 TB/s, so each copied byte costs two."""
+ALLOC_US = 2.5
+"""torch.empty on the host (benchmarks/host_overhead.py: 2.3-2.5 µs)."""
+VIEW_US = 1.0
+"""Carving one fresh output out of the per-dtype buffer."""
 
 
 def graph_skip_reason(exe: Executable) -> str | None:
     """Why replaying a CUDA graph would not beat launching directly, or None if it would.
 
-    A graph saves the host launch cost of every kernel but adds copies: inputs into its static
-    buffers and (unless reuse_outputs) results out of them. With one launch, or with tensors so large
-    that the copies cost more than the launches saved, direct launches win."""
+    A graph saves the host cost of every launch and allocation but adds copies: inputs into its
+    static buffers and (unless reuse_outputs) results out of them. With few launches, or tensors so
+    large that the copies cost more than the launches saved, direct launches win."""
     launches = exe.launches
-    if launches < 2:
-        return "one kernel launch per call: a graph saves nothing over launching it directly"
+    # launching directly allocates every intermediate and result on the host, per call
+    allocations = sum(len(g.outputs) for g in exe.plan.groups if g.launches)
+    saved = launches * (DIRECT_LAUNCH_US - GRAPH_NODE_US) + allocations * ALLOC_US
     tensors = list(exe.graph.inputs)
     if not exe.config.reuse_outputs:
         tensors += exe.graph.output_nodes
     copy_bytes = sum(n.numel * n.itemsize for n in tensors)
     copies = (1 if exe.graph.inputs else 0) + (0 if exe.config.reuse_outputs else 1)
-    cost = copy_bytes / COPY_BYTES_PER_US + copies * COPY_CALL_US
-    saved = launches * (DIRECT_LAUNCH_US - GRAPH_NODE_US)
+    outputs = 0 if exe.config.reuse_outputs else len(exe.graph.output_nodes)
+    cost = copy_bytes / COPY_BYTES_PER_US + copies * COPY_CALL_US + outputs * VIEW_US
     if cost > saved:
+        what = "one kernel launch" if launches == 1 else f"{launches} launches"
         return (f"copying inputs{'' if exe.config.reuse_outputs else ' and outputs'} ({copy_bytes / 2**20:.1f} MiB, "
-                f"~{cost:.0f} µs) would cost more than the graph saves on {launches} launches (~{saved:.0f} µs)")
+                f"~{cost:.0f} µs) would cost more than the graph saves on {what} (~{saved:.0f} µs)")
     return None
 
 
