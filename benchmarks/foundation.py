@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import streamfuse  # noqa: E402
-from streamfuse import Config  # noqa: E402
-from streamfuse.profile.timing import time_cuda_us, time_graph_us  # noqa: E402
+import streamfuse
+from streamfuse import Config
+from streamfuse.profile.timing import time_cuda_us, time_graph_us
 
 
 def chain8(x: torch.Tensor) -> torch.Tensor:

@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import streamfuse  # noqa: E402
-from streamfuse import Config  # noqa: E402
+import streamfuse
+from streamfuse import Config
 
 
 def host_us(fn, burst: int = 20, rounds: int = 40) -> float:  # type: ignore[no-untyped-def]

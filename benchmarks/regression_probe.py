@@ -10,9 +10,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import streamfuse  # noqa: E402
-from streamfuse.profile.timeline import record_timeline  # noqa: E402
-from streamfuse.profile.timing import time_cuda_us  # noqa: E402
+import streamfuse
+from streamfuse.profile.timeline import record_timeline
+from streamfuse.profile.timing import time_cuda_us
 
 
 def main() -> int:

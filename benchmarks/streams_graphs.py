@@ -26,11 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import streamfuse  # noqa: E402
-from streamfuse import Config  # noqa: E402
-from streamfuse.demo_models import DEMO_MODELS, MultiBranchConv  # noqa: E402
-from streamfuse.profile.timeline import gap_ratio, record_timeline, streams_used  # noqa: E402
-from streamfuse.profile.timing import time_cuda_us  # noqa: E402
+import streamfuse
+from streamfuse import Config
+from streamfuse.demo_models import DEMO_MODELS, MultiBranchConv
+from streamfuse.profile.timeline import gap_ratio, record_timeline, streams_used
+from streamfuse.profile.timing import time_cuda_us
 
 
 def mlp(d: int) -> torch.nn.Module:

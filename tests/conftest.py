@@ -12,9 +12,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from streamfuse import Config  # noqa: E402
+from streamfuse import Config
 
 
 @pytest.fixture(scope="session")

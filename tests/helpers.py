@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-
 from collections.abc import Callable, Sequence
 from typing import Any
 

@@ -52,7 +52,7 @@ def test_compile_accepts_a_single_tensor_and_weight_updates_are_seen(config, dev
 
 def test_torch_compile_backend(config, device) -> None:  # type: ignore[no-untyped-def]
     torch._dynamo.reset()
-    fn = lambda x, y: torch.softmax(x * y + 1, -1).relu()  # noqa: E731
+    fn = lambda x, y: torch.softmax(x * y + 1, -1).relu()
     x, y = randn(6, 40, device=device, seed=1), randn(6, 40, device=device, seed=2)
     before = len(backend_module.compiled_graphs)
     out = torch.compile(fn, backend="streamfuse")(x, y)
@@ -117,7 +117,7 @@ def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_stats_and_explain(config) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: (torch.softmax(x, -1), torch.sort(x, -1).values * 2)  # noqa: E731
+    fn = lambda x: (torch.softmax(x, -1), torch.sort(x, -1).values * 2)
     compiled = streamfuse.compile(fn, (randn(4, 16),), config)
     stats = compiled.stats
     assert {"source_ops", "kernels", "fused_groups"} <= set(stats)
@@ -129,7 +129,7 @@ def test_stats_and_explain(config) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_reference_executor_matches(config) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: F.layer_norm(x, (16,)) * 2  # noqa: E731
+    fn = lambda x: F.layer_norm(x, (16,)) * 2
     x = randn(3, 16)
     compiled = streamfuse.compile(fn, (x,), config.replace(executor="reference"))
     assert compiled.executor == "reference"

@@ -40,14 +40,14 @@ def test_softmax_is_one_kernel(config, device) -> None:  # type: ignore[no-untyp
 def test_layer_norm_residual_gelu_at_most_two_kernels(config, device) -> None:  # type: ignore[no-untyped-def]
     x, r = randn(8, 96, device=device, seed=1), randn(8, 96, device=device, seed=2)
     w, b = randn(96, device=device, seed=3), randn(96, device=device, seed=4)
-    fn = lambda x, r, w, b: F.gelu(F.layer_norm(x + r, (96,), w, b))  # noqa: E731
+    fn = lambda x, r, w, b: F.gelu(F.layer_norm(x + r, (96,), w, b))
     compiled = compile_and_check(fn, [x, r, w, b], config)
     assert compiled.stats["kernels"] <= 2
     assert compiled.stats["aten_kernels"] == 0
 
 
 def test_intermediate_that_is_also_an_output_is_written_by_the_same_kernel(config, device) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: ((x * 2).relu(), ((x * 2).relu() + 1).sin())  # noqa: E731
+    fn = lambda x: ((x * 2).relu(), ((x * 2).relu() + 1).sin())
     x = randn(7, 11, device=device)
 
     def shared(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +61,7 @@ def test_intermediate_that_is_also_an_output_is_written_by_the_same_kernel(confi
 
 
 def test_reductions_over_different_dims_are_refused_with_a_reason(config, device) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: x.sum(0, keepdim=True) + x.sum(1, keepdim=True)  # noqa: E731
+    fn = lambda x: x.sum(0, keepdim=True) + x.sum(1, keepdim=True)
     compiled = compile_and_check(fn, [randn(12, 10, device=device)], config)
     assert compiled.stats["kernels"] == 2
     reasons = [r.reason for r in compiled.plan.refusals]
@@ -91,7 +91,7 @@ def test_fusion_fuel_limits_merges(config, device) -> None:  # type: ignore[no-u
 
 
 def test_unknown_op_is_opaque_and_correct(config, device) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: torch.cumsum(x * 2, dim=1).sin() + 1  # noqa: E731
+    fn = lambda x: torch.cumsum(x * 2, dim=1).sin() + 1
     compiled = compile_and_check(fn, [randn(6, 20, device=device)], config)
     kinds = [g.kind for g in compiled.plan.groups]
     assert GroupKind.ATEN in kinds and kinds.count(GroupKind.POINTWISE) == 2
@@ -102,7 +102,7 @@ def test_noncontiguous_and_broadcast_inputs(config, device) -> None:  # type: ig
     base = randn(20, 30, device=device)
     x = base.t()  # non-contiguous view
     b = randn(1, 20, device=device, seed=5)
-    fn = lambda x, b: torch.softmax(x * 2 + b, -1)  # noqa: E731
+    fn = lambda x, b: torch.softmax(x * 2 + b, -1)
     compiled = compile_and_check(fn, [x, b], config)
     assert compiled.stats["kernels"] == 1
     # a call with a contiguous tensor of the same shape gives the same answer
@@ -112,7 +112,7 @@ def test_noncontiguous_and_broadcast_inputs(config, device) -> None:  # type: ig
 
 def test_views_feeding_aten_ops_stay_zero_copy(config, device) -> None:  # type: ignore[no-untyped-def]
     w = randn(16, 8, device=device, seed=7)
-    fn = lambda x: (x @ w.t()).relu()  # noqa: E731
+    fn = lambda x: (x @ w.t()).relu()
     compiled = compile_and_check(fn, [randn(4, 8, device=device)], config)
     kinds = [g.kind for g in compiled.plan.groups]
     assert kinds.count(GroupKind.ALIAS) >= 1
@@ -144,7 +144,7 @@ def test_independent_small_pointwise_ops_pack_into_one_launch(config, device) ->
 
 
 def test_horizontal_packing_with_mixed_sizes_and_shared_inputs(config, device) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda a, b, c: (a.exp() * 2, (b - 1).sigmoid(), c * a.sum(), a.sin() + 3)  # noqa: E731
+    fn = lambda a, b, c: (a.exp() * 2, (b - 1).sigmoid(), c * a.sum(), a.sin() + 3)
     a, b, c = randn(7, 13, device=device), randn(1000, device=device, seed=2), randn(3, 5, 2, device=device, seed=3)
     compiled = compile_and_check(fn, [a, b, c], config)
     packed = [g for g in compiled.plan.groups if g.kind is GroupKind.HORIZONTAL]
@@ -154,7 +154,7 @@ def test_horizontal_packing_with_mixed_sizes_and_shared_inputs(config, device) -
 
 
 def test_dependent_or_large_kernels_are_not_packed(config, device) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x, y: (torch.softmax(x, -1), y * 2)  # noqa: E731  # a reduction never packs
+    fn = lambda x, y: (torch.softmax(x, -1), y * 2)  # a reduction never packs
     compiled = compile_and_check(fn, [randn(8, 16, device=device), randn(8, 16, device=device, seed=1)], config)
     assert all(g.kind is not GroupKind.HORIZONTAL for g in compiled.plan.groups)
     big = compile_and_check(lambda x, y: (x * 2, y + 1), [randn(600, 600, device=device), randn(600, 600, device=device, seed=1)],

@@ -64,7 +64,7 @@ def test_softmax_and_layer_norm_4096(config, dtype: torch.dtype) -> None:  # typ
 
 
 def test_repeated_calls_are_stable(config) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x, r: F.gelu(F.layer_norm(x + r, (1024,))) * torch.softmax(x, -1)  # noqa: E731
+    fn = lambda x, r: F.gelu(F.layer_norm(x + r, (1024,))) * torch.softmax(x, -1)
     x, r = randn(512, 1024, device="cuda", seed=3), randn(512, 1024, device="cuda", seed=4)
     compiled = streamfuse.compile(fn, (x, r), config)
     first = compiled(x, r)
@@ -118,7 +118,7 @@ def test_batch_buckets_on_gpu_with_lru_eviction(config) -> None:  # type: ignore
 
 
 def test_outputs_are_fresh_unless_reuse_outputs(config) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: torch.softmax(x, -1).sum(0, keepdim=True) * x  # noqa: E731  # two reduction domains: 2 launches
+    fn = lambda x: torch.softmax(x, -1).sum(0, keepdim=True) * x  # two reduction domains: 2 launches
     a, b = _fresh((4, 64), 1), _fresh((4, 64), 2)
     fresh = streamfuse.compile(fn, (a,), config)
     out_a, out_b = fresh(a), fresh(b)
@@ -155,7 +155,7 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_capture_failure_falls_back_to_streams_with_a_reason(config) -> None:  # type: ignore[no-untyped-def]
-    fn = lambda x: torch.ops.streamfuse_test.synced_add_one(x * 2).sin()  # noqa: E731
+    fn = lambda x: torch.ops.streamfuse_test.synced_add_one(x * 2).sin()
     x = _fresh((16, 16), 3)
     compiled = streamfuse.compile(fn, (x,), config)
     torch.testing.assert_close(compiled(x), fn(x))

@@ -138,7 +138,7 @@ def test_reduction_op(case: Case, dtype: torch.dtype, config, device) -> None:  
 def test_integer_pointwise(config, device) -> None:  # type: ignore[no-untyped-def]
     x = torch.randint(-50, 50, (5, 9), dtype=torch.int64, device=device)
     y = torch.randint(1, 9, (5, 9), dtype=torch.int32, device=device)
-    fn = lambda a, b: ((a * b + 3) - torch.maximum(a, b), torch.where(a > b, a, b), a / b)  # noqa: E731
+    fn = lambda a, b: ((a * b + 3) - torch.maximum(a, b), torch.where(a > b, a, b), a / b)
     compiled = compile_and_check(fn, [x, y], config.replace(executor="triton"))
     assert compiled.stats["aten_kernels"] == 0
 
@@ -146,7 +146,7 @@ def test_integer_pointwise(config, device) -> None:  # type: ignore[no-untyped-d
 def test_nan_propagates_like_eager(config, device) -> None:  # type: ignore[no-untyped-def]
     x = randn(4, 16, device=device)
     x[1, 3] = float("nan")
-    fn = lambda t: (t.amax(-1), torch.relu(t), torch.maximum(t, torch.zeros_like(t) + 0.5), torch.clamp(t, -1, 1))  # noqa: E731
+    fn = lambda t: (t.amax(-1), torch.relu(t), torch.maximum(t, torch.zeros_like(t) + 0.5), torch.clamp(t, -1, 1))
     out = streamfuse.compile(fn, (x,), config.replace(executor="triton"))(x)
     for o, r in zip(out, fn(x), strict=True):
         torch.testing.assert_close(o, r, equal_nan=True)

@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 backend = streamfuse_backend
 
 
-def compile(  # noqa: A001 - mirrors torch.compile
+def compile(
     model: torch.nn.Module | Callable[..., Any],
     example_inputs: Any,
     config: Config | None = None,
@@ -53,9 +53,9 @@ def compile(  # noqa: A001 - mirrors torch.compile
 
 register()
 
-from streamfuse.fusion.resources import occupancy  # noqa: E402
-from streamfuse.profile.api import predict  # noqa: E402
-from streamfuse.profile.api import profile as _profile  # noqa: E402
+from streamfuse.fusion.resources import occupancy
+from streamfuse.profile.api import predict
+from streamfuse.profile.api import profile as _profile
 
 profile = _profile  # the function shadows the subpackage's attribute on purpose: streamfuse.profile()
 

@@ -119,12 +119,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    import streamfuse
     from streamfuse.bench.runner import make_mode
     from streamfuse.bench.workloads import Workload
     from streamfuse.profile.api import predict, profile
     from streamfuse.profile.outputs import render_summary, save_report
-
-    import streamfuse
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     factory = load_factory(args.target)
@@ -178,11 +177,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from rich.progress import Progress
 
+    import streamfuse
     from streamfuse.bench.report import bar_chart, bench_table, failures
     from streamfuse.bench.runner import MODES, run_suite
     from streamfuse.bench.workloads import WORKLOADS, suite
-
-    import streamfuse
 
     console = Console() if sys.stdout.isatty() else Console(width=200)
     if args.list:

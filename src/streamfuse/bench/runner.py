@@ -93,7 +93,7 @@ def make_mode(mode: str, workload: Workload, model: Any, inputs: tuple[torch.Ten
                     outs.append(m(x).clone())
                 return outs
         else:
-            run = lambda: [m(x) for m, x in zip(models, inputs, strict=True)]  # noqa: E731
+            run = lambda: [m(x) for m, x in zip(models, inputs, strict=True)]
     else:
         if mode == "streamfuse":
             compiled = streamfuse.compile(model, inputs, config)
@@ -101,7 +101,7 @@ def make_mode(mode: str, workload: Workload, model: Any, inputs: tuple[torch.Ten
         fn = model
         if mode in ("compile", "compile-ro"):
             fn = torch.compile(model, mode="reduce-overhead" if mode == "compile-ro" else None)
-        run = lambda: fn(*inputs)  # noqa: E731
+        run = lambda: fn(*inputs)
     return _graphed(run) if mode == "eager+graph" else run
 
 

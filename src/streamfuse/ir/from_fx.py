@@ -14,7 +14,8 @@ import torch
 import torch.fx
 
 from streamfuse.ir.graph import Arg, Graph, Node
-from streamfuse.ir.lowerings import LOWERINGS, Builder as _Builder
+from streamfuse.ir.lowerings import LOWERINGS
+from streamfuse.ir.lowerings import Builder as _Builder
 from streamfuse.ir.ops import MULTI_VIEWS, OpKind, kind_of, refine_kind
 
 aten = torch.ops.aten

@@ -15,7 +15,7 @@ import torch
 
 from streamfuse.ir.graph import Arg, Node
 from streamfuse.ir.indexing import contiguous_strides
-from streamfuse.ir.ops import OpKind, kind_of
+from streamfuse.ir.ops import kind_of
 
 aten = torch.ops.aten
 

@@ -27,16 +27,9 @@ class OpKind(enum.Enum):
         return self in (OpKind.POINTWISE, OpKind.BROADCAST, OpKind.VIEW, OpKind.REDUCTION)
 
 
-_POINTWISE = """
-add sub rsub mul div neg abs exp exp2 log log2 sqrt rsqrt reciprocal sigmoid tanh erf relu
-gelu silu sin cos floor ceil maximum minimum clamp clamp_min clamp_max where
-masked_fill pow eq ne gt ge lt le logical_not logical_and logical_or _to_copy clone
-alias leaky_relu hardtanh scalar_tensor full
-""".split()
+_POINTWISE = ["add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "silu", "sin", "cos", "floor", "ceil", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "pow", "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "logical_and", "logical_or", "_to_copy", "clone", "alias", "leaky_relu", "hardtanh", "scalar_tensor", "full"]
 
-_VIEW = """
-view _unsafe_view reshape permute transpose t unsqueeze squeeze slice select
-""".split()
+_VIEW = ["view", "_unsafe_view", "reshape", "permute", "transpose", "t", "unsqueeze", "squeeze", "slice", "select"]
 
 # Views with several results (read through getitem): zero-copy, run on the host.
 MULTI_VIEWS = frozenset({"aten.split", "aten.split_with_sizes", "aten.unbind", "aten.chunk", "aten.tensor_split"})

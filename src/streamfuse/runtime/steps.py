@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from streamfuse.codegen.kernel import KernelSource
-from streamfuse.fusion.groups import Group, GroupKind
+from streamfuse.fusion.groups import Group
 from streamfuse.ir.graph import Arg, Node, map_args
 
 Env = list[Any]
