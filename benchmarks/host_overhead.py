@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import cProfile
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -18,20 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import streamfuse
 from streamfuse import Config
-
-
-def host_us(fn, burst: int = 20, rounds: int = 40) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(burst):
-            fn()
-        samples.append((time.perf_counter() - t) / burst * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+from streamfuse.profile.timing import host_us_per_call
 
 
 def main() -> int:
@@ -56,7 +41,7 @@ def main() -> int:
         "streamfuse streams: compiled(x)": lambda: streams(x),
     }
     for label, fn in rows.items():
-        print(f"{label:40} {host_us(fn):7.1f} us")
+        print(f"{label:40} {host_us_per_call(fn):7.1f} us")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(2000):

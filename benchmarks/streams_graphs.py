@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ import streamfuse
 from streamfuse import Config
 from streamfuse.demo_models import DEMO_MODELS, MultiBranchConv
 from streamfuse.profile.timeline import gap_ratio, record_timeline, streams_used
-from streamfuse.profile.timing import time_cuda_us
+from streamfuse.profile.timing import capture_graph, host_us_per_call, time_cuda_us
 
 
 def mlp(d: int) -> torch.nn.Module:
@@ -40,16 +38,8 @@ def mlp(d: int) -> torch.nn.Module:
 
 def eager_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
     """fn captured as-is into one CUDA graph on one stream (the 'eager + CUDA graph' peer)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
+    graph, _ = capture_graph(fn)
+    return graph.replay
 
 
 def eager_graph_streams(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
@@ -70,21 +60,6 @@ def eager_graph_streams(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
         for s in streams:
             main.wait_stream(s)
     return g.replay
-
-
-def host_us_per_call(fn: Callable[[], Any], burst: int = 20, rounds: int = 50) -> float:
-    """Host time of one call: bursts short enough that the launch queue never blocks the host."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(burst):
-            fn()
-        samples.append((time.perf_counter() - t) / burst * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kernels: int | None = None) -> dict:

@@ -16,6 +16,9 @@ import torch
 
 from streamfuse.capture.backend import make_backend, register, streamfuse_backend
 from streamfuse.config import Config
+from streamfuse.fusion.resources import occupancy
+from streamfuse.profile.api import predict
+from streamfuse.profile.api import profile as _profile
 from streamfuse.runtime.compiled import CallSpec, CompiledGraph
 from streamfuse.runtime.parallel import ParallelModels, parallel
 
@@ -52,10 +55,6 @@ def compile(
     return build(graph, config, device, call, recapture=None if captured.mutated else recapture)
 
 register()
-
-from streamfuse.fusion.resources import occupancy
-from streamfuse.profile.api import predict
-from streamfuse.profile.api import profile as _profile
 
 profile = _profile  # the function shadows the subpackage's attribute on purpose: streamfuse.profile()
 

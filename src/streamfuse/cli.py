@@ -13,24 +13,16 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from streamfuse.bench.runner import flat_tensors
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def max_error(out: Any, ref: Any) -> float:
-    outs, refs = _flat(out), _flat(ref)
+    outs, refs = flat_tensors(out), flat_tensors(ref)
     if len(outs) != len(refs):
         raise AssertionError(f"{len(outs)} outputs, eager gave {len(refs)}")
     return max((float((a.double() - b.double()).abs().max()) for a, b in zip(outs, refs, strict=True)), default=0.0)
-
-
-def _flat(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _flat(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _flat(v)]
-    return []
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -64,7 +56,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 out = compiled(*inputs)
             err = max_error(out, ref)
             tol = 1e-3 if dtype == torch.float32 else 5e-2
-            ok = err <= tol * max(1.0, max(float(t.abs().max()) for t in _flat(ref)))
+            ok = err <= tol * max(1.0, max(float(t.abs().max()) for t in flat_tensors(ref)))
             failures += not ok
             s = compiled.stats
             row = [name, str(s["source_ops"]), str(s["kernels"]), str(s["fused_groups"]),

@@ -53,18 +53,19 @@ class WorkloadResult:
         return best[1] / sf.us
 
 
-def _flat(x: Any) -> list[torch.Tensor]:
+def flat_tensors(x: Any) -> list[torch.Tensor]:
+    """The tensors in a (nested) output, in order."""
     if isinstance(x, torch.Tensor):
         return [x]
     if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _flat(v)]
+        return [t for v in x for t in flat_tensors(v)]
     if isinstance(x, dict):
-        return [t for v in x.values() for t in _flat(v)]
+        return [t for v in x.values() for t in flat_tensors(v)]
     return []
 
 
 def rel_error(out: Any, ref: Any) -> float:
-    outs, refs = _flat(out), _flat(ref)
+    outs, refs = flat_tensors(out), flat_tensors(ref)
     if len(outs) != len(refs):
         raise AssertionError(f"{len(outs)} outputs, eager has {len(refs)}")
     worst = 0.0
@@ -106,15 +107,9 @@ def make_mode(mode: str, workload: Workload, model: Any, inputs: tuple[torch.Ten
 
 
 def _graphed(run: Callable[[], Any]) -> Callable[[], Any]:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = run()
+    from streamfuse.profile.timing import capture_graph
+
+    graph, outputs = capture_graph(run)
 
     def replay() -> Any:
         graph.replay()

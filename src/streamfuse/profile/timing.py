@@ -7,6 +7,7 @@ host is slower than the GPU, the gaps show up in the time, as they do for a user
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,19 +29,27 @@ def time_cuda_us(fn: Callable[[], Any], warmup: int = 10, reps: int = 50) -> flo
     return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True))
 
 
-def time_graph_us(fn: Callable[[], Any], calls: int = 10, reps: int = 20) -> float:
-    """Median GPU time per call of `fn` replayed from a CUDA graph: kernel time without any host
-    overhead (what the kernels themselves achieve)."""
+def capture_graph(fn: Callable[[], Any], calls: int = 1, warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """`fn` warmed up on a side stream, then `calls` calls of it captured into one CUDA graph;
+    returns the graph and what the last captured call returned (its static outputs)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
+    out = None
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            fn()
+            out = fn()
+    return graph, out
+
+
+def time_graph_us(fn: Callable[[], Any], calls: int = 10, reps: int = 20) -> float:
+    """Median GPU time per call of `fn` replayed from a CUDA graph: kernel time without any host
+    overhead (what the kernels themselves achieve)."""
+    graph, _ = capture_graph(fn, calls)
     graph.replay()
     torch.cuda.synchronize()
     samples = []
@@ -51,4 +60,20 @@ def time_graph_us(fn: Callable[[], Any], calls: int = 10, reps: int = 20) -> flo
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(samples)
+
+
+def host_us_per_call(fn: Callable[[], Any], burst: int = 20, rounds: int = 40) -> float:
+    """Host time of one call: bursts short enough that the launch queue never blocks the host,
+    synchronized between bursts outside the timed region."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(burst):
+            fn()
+        samples.append((time.perf_counter() - t) / burst * 1e6)
+        torch.cuda.synchronize()
     return statistics.median(samples)
