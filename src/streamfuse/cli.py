@@ -38,7 +38,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         dtype = torch.float32
     on_gpu = device.type == "cuda"
     table = Table(title=f"streamfuse demo on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'} ({args.dtype})")
-    for col in ["model", "source ops", "kernels", "fused groups", "max |err| vs eager", "executor"]:
+    for col in ["model", "source ops", "kernels", "fused groups", "streams", "max |err| vs eager", "executor"]:
         table.add_column(col, justify="right" if col not in ("model", "executor") else "left",
                          no_wrap=col == "model")
     if on_gpu:
@@ -59,7 +59,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             ok = err <= tol * max(1.0, max(float(t.abs().max()) for t in flat_tensors(ref)))
             failures += not ok
             s = compiled.stats
-            row = [name, str(s["source_ops"]), str(s["kernels"]), str(s["fused_groups"]),
+            row = [name, str(s["source_ops"]), str(s["kernels"]), str(s["fused_groups"]), str(s["streams"]),
                    f"[{'green' if ok else 'red'}]{err:.2e}[/]", s["executor"]]
             if on_gpu:
                 progress.update(task, description=f"{name}: timing")
