@@ -126,8 +126,8 @@ class CompiledGraph:
     def _run_bucketed(self, inputs: list[Any]) -> list[Any]:
         """Without CUDA graphs: the compiled batch runs as is, another batch padded to its bucket."""
         batch = self._check_batch(inputs)
-        if batch == self.base_batch:
-            return self.base.run(self.base.check_inputs(inputs, self.call.input_names))
+        if batch == self.base_batch:  # already checked: only the documented contiguous copy remains
+            return self.base.run(self.base.contiguous(inputs))
         padded = self._bucket(batch)
         exe = self._variants[padded]
         staged = []

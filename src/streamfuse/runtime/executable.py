@@ -162,6 +162,14 @@ class Executable:
                 checked[i] = t.contiguous()  # documented copy: the plan was traced with a contiguous input
         return checked
 
+    def contiguous(self, inputs: Sequence[Any]) -> list[Any]:
+        """Inputs (already checked) with a documented copy where the plan was traced contiguous."""
+        out = list(inputs)
+        for i, (t, node) in enumerate(zip(inputs, self.graph.inputs, strict=True)):
+            if not t.is_contiguous() and is_contiguous_meta(node):
+                out[i] = t.contiguous()
+        return out
+
     def _release_lists(self) -> list[list[int]]:
         """After step i, the slots whose last reader is step i (never graph outputs or inputs)."""
         last: dict[int, int] = {}

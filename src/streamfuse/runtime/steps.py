@@ -140,11 +140,18 @@ def _specialization(arg: Any) -> Any:
     return (arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
 
 
+_knobs: Any = None
+
+
 def triton_hooks_unset() -> bool:
     """True when no Triton launch hook is installed (the direct path would bypass it)."""
-    from triton import knobs
+    global _knobs
+    if _knobs is None:
+        from triton import knobs
 
-    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+        _knobs = knobs
+    runtime = _knobs.runtime
+    hooks = (runtime.launch_enter_hook, runtime.launch_exit_hook)
     return not any(getattr(h, "calls", h) for h in hooks)  # HookChain (triton >= 3.5) or None
 
 
