@@ -21,8 +21,9 @@ from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
 from streamfuse.profile import known
 from streamfuse.runtime.steps import HoistedStep, NodeStep, Step, make_kernel_step
-from streamfuse.runtime.streams import StreamRunner, StreamSchedule, schedule_steps
+from streamfuse.runtime.streams import StreamRunner
 from streamfuse.schedule.cost import group_bytes, group_flops
+from streamfuse.schedule.plan import StreamSchedule, schedule_steps
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
 

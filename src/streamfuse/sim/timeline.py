@@ -13,8 +13,8 @@ from typing import Any
 from streamfuse.fusion.groups import GroupKind
 from streamfuse.profile.report import Ceilings
 from streamfuse.profile.timeline import Interval
-from streamfuse.runtime.streams import launch_predecessors
 from streamfuse.schedule.cost import estimate_us
+from streamfuse.schedule.plan import launch_predecessors
 
 GRAPH_LAUNCH_US = 1.1
 EAGER_LAUNCH_US = 9.6
