@@ -179,3 +179,11 @@ def test_cli_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         main(["explain", f"{model_file}:nope"])
     with pytest.raises(SystemExit, match="expected FILE.py:FACTORY"):
         main(["explain", str(model_file)])
+
+
+def test_a_function_without_inputs(config) -> None:  # type: ignore[no-untyped-def]
+    table = randn(4, 8)
+    compiled = streamfuse.compile(lambda: torch.softmax(table * 2, -1), (), config)
+    torch.testing.assert_close(compiled(), torch.softmax(table * 2, -1))
+    with pytest.raises(ValueError, match="expected 0 input tensor"):
+        compiled(table)

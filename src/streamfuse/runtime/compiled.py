@@ -155,6 +155,8 @@ class CompiledGraph:
         expected = self.base.graph.inputs
         if len(inputs) != len(expected):
             raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
+        if not inputs:
+            return 0
         first = inputs[0]
         batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() > 0 else -1
         flexible = self.batch_reason is None

@@ -43,7 +43,7 @@ class GraphRunner:
         exact = batch == self.padded_batch
         if len(inputs) == 1:
             (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])
-        else:
+        elif inputs:
             statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
             torch._foreach_copy_(statics, list(inputs))
         self.graph.replay()
