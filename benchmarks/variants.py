@@ -5,36 +5,15 @@ replay), to choose what the code generator should emit. Kept as the record of th
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-def graph_time_us(fn, reps: int = 20, rounds: int = 15) -> float:  # type: ignore[no-untyped-def]
-    """Median per-launch GPU time of fn, replayed from a CUDA graph (no host overhead)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    times.sort()
-    return times[len(times) // 2]
+from streamfuse.profile.timing import time_graph_us  # noqa: E402
 
 
 @triton.jit
@@ -131,7 +110,7 @@ def main() -> int:
         state["i"] = (state["i"] + 1) % 3
         return xs[state["i"]]
 
-    copy_t = graph_time_us(lambda: o.copy_(nxt()))
+    copy_t = time_graph_us(lambda: o.copy_(nxt()))
     bw = 2 * 4 * n / (copy_t * 1e-6)
     print(f"torch copy_ 64M fp32: {copy_t:.1f} us = {bw / 1e12:.2f} TB/s (the ceiling below)")
     rows = []
@@ -139,13 +118,13 @@ def main() -> int:
         for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (8192, 16)):
             for mask in (True, False):
                 for hint in (False, True):
-                    t = graph_time_us(lambda: chain[(n // block,)](nxt(), o, n, BLOCK=block, MASK=mask, HINT=hint,
+                    t = time_graph_us(lambda: chain[(n // block,)](nxt(), o, n, BLOCK=block, MASK=mask, HINT=hint,
                                                                   COPY=copy, num_warps=warps))
                     rows.append((f"{'copy ' if copy else 'chain'} block={block} w={warps} mask={mask} hint={hint}", t))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for waves in (4, 8, 16):
         for block, warps in ((1024, 4), (2048, 8), (4096, 8)):
-            t = graph_time_us(lambda: chain_persistent[(sms * waves,)](nxt(), o, n, BLOCK=block, num_warps=warps))
+            t = time_graph_us(lambda: chain_persistent[(sms * waves,)](nxt(), o, n, BLOCK=block, num_warps=warps))
             rows.append((f"chain persistent grid={sms}x{waves} block={block} w={warps}", t))
     for label, t in rows:
         print(f"{label:60} {t:8.1f} us {2 * 4 * n / (t * 1e-6) / bw * 100:6.1f}% of copy")
@@ -159,14 +138,14 @@ def main() -> int:
         return xs2[state["i"]]
 
     ref = torch.softmax(xs2[0], -1)
-    rows = [("torch.softmax", graph_time_us(lambda: torch.softmax(nxt2(), -1)))]
+    rows = [("torch.softmax", time_graph_us(lambda: torch.softmax(nxt2(), -1)))]
     for bm, warps in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 16)):
         for mask in (True, False):
             for nanred in (False, True):
                 softmax_k[(m // bm,)](xs2[0], o2, m, R=r, BLOCK_M=bm, BLOCK_R=r, MASK=mask, NANRED=nanred,
                                       num_warps=warps)
                 torch.testing.assert_close(o2, ref)
-                t = graph_time_us(lambda: softmax_k[(m // bm,)](nxt2(), o2, m, R=r, BLOCK_M=bm, BLOCK_R=r,
+                t = time_graph_us(lambda: softmax_k[(m // bm,)](nxt2(), o2, m, R=r, BLOCK_M=bm, BLOCK_R=r,
                                                                   MASK=mask, NANRED=nanred, num_warps=warps))
                 rows.append((f"softmax bm={bm} w={warps} mask={mask} nan-reduce={nanred}", t))
     for waves in (2, 4, 8):
@@ -175,7 +154,7 @@ def main() -> int:
                 grid = (sms * waves,)
                 softmax_persistent[grid](xs2[0], o2, m, R=r, BLOCK_R=r, STAGES=stages, num_warps=warps)
                 torch.testing.assert_close(o2, ref)
-                t = graph_time_us(lambda: softmax_persistent[grid](nxt2(), o2, m, R=r, BLOCK_R=r, STAGES=stages,
+                t = time_graph_us(lambda: softmax_persistent[grid](nxt2(), o2, m, R=r, BLOCK_R=r, STAGES=stages,
                                                                    num_warps=warps))
                 rows.append((f"softmax persistent grid={sms}x{waves} w={warps} stages={stages}", t))
     for label, t in rows:

@@ -26,10 +26,6 @@ def kernel_info(fn_name: str) -> KernelInfo | None:
     return KernelInfo(bytes=nbytes, flops=flops, occupancy=occupancy, limiter=limiter)
 
 
-def known_names() -> list[str]:
-    return list(_KNOWN)
-
-
 def _occupancy(step: Any) -> tuple[float | None, str | None]:
     compiled = next(iter(getattr(step, "_compiled", {}).values()), None)
     if compiled is None:

@@ -15,7 +15,7 @@ import torch
 
 from streamfuse.codegen.kernel import KernelSource, generate
 from streamfuse.config import Config
-from streamfuse.fusion.groups import Group, GroupKind, Plan
+from streamfuse.fusion.groups import GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
@@ -186,9 +186,6 @@ class Executable:
             if s not in keep:
                 release[i].append(s)
         return release
-
-    def group_by_id(self) -> dict[int, Group]:
-        return {g.id: g for g in self.plan.groups}
 
     @property
     def launches(self) -> int:
