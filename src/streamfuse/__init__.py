@@ -33,8 +33,10 @@ def compile(
 ) -> CompiledGraph:
     """Capture `model` on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
     takes the same positional tensors (same shapes, dtypes, device) and returns what model returns."""
-    from streamfuse.capture.export import capture, normalize_inputs
+    from streamfuse.capture.export import Captured, capture, normalize_inputs
+    from streamfuse.ir.fold import FoldCache, fold_batchnorm
     from streamfuse.ir.from_fx import graph_from_fx
+    from streamfuse.ir.graph import Graph
     from streamfuse.runtime.compiled import build
     from streamfuse.runtime.executable import build_executable, graph_device
 
@@ -42,14 +44,22 @@ def compile(
         raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
     config = config or Config()
     inputs = normalize_inputs(example_inputs)
+    folds = FoldCache()
+
+    def convert(cap: Captured) -> Graph:
+        """Captured -> Graph, batch-norms folded; every batch bucket shares one snapshot of the folds."""
+        graph = graph_from_fx(cap.gm, cap.bound)
+        if config.fold_batchnorm:
+            fold_batchnorm(graph, folds)
+        return graph
+
     captured = capture(model, inputs)
-    graph = graph_from_fx(captured.gm, captured.bound)
+    graph = convert(captured)
     device = graph_device(graph, inputs)
 
     def recapture(examples: list[torch.Tensor]) -> Any:
         """The same model captured at another batch size (a batch bucket)."""
-        again = capture(model, tuple(examples))
-        return build_executable(graph_from_fx(again.gm, again.bound), config, device)
+        return build_executable(convert(capture(model, tuple(examples))), config, device)
 
     call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
     return build(graph, config, device, call, recapture=None if captured.mutated else recapture)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from streamfuse.bench.runner import flat_tensors
+from streamfuse.tune.ceilings import DeviceCeilings
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -208,6 +210,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from streamfuse.config import Config
+    from streamfuse.tune.ceilings import builtin_for, cache_path, load_cached, measure, save
+
+    console = Console() if sys.stdout.isatty() else Console(width=120)
+    if not torch.cuda.is_available():
+        console.print("[yellow]No GPU here: nothing to measure. Predictions and reports use the built-in "
+                      "table's figures below; run `streamfuse calibrate` on a CUDA machine to measure.[/]")
+        console.print(ceilings_table(builtin_for(None)))
+        return 0
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device)
+    path = cache_path(Path(args.cache_dir) if args.cache_dir else Config().cache_dir, name)
+    ceilings = None if args.force else load_cached(path)
+    if ceilings is None:
+        ceilings = measure(device, progress=True)
+        save(path, ceilings)
+        console.print(f"wrote {path}")
+    else:
+        console.print(f"cached in {path} (--force measures again)")
+    console.print(ceilings_table(ceilings, builtin_for(name)))
+    return 0
+
+
+def ceilings_table(ceilings: DeviceCeilings, reference: DeviceCeilings | None = None) -> Table:
+    """The figures of a tune.ceilings.DeviceCeilings, beside the built-in row they replace."""
+    table = Table(title=f"{ceilings.name} ({ceilings.arch}, {ceilings.sm_count} SMs): {ceilings.source}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    if reference is not None:
+        table.add_column(f"built-in ({reference.name})", justify="right")
+    rows: list[tuple[str, Callable[[DeviceCeilings], str]]] = [
+        ("device-to-device copy, GB/s (read + written)", lambda c: f"{c.copy_gbps:,.0f}")]
+    rows += [(f"cuBLAS {key} matmul, TFLOP/s", lambda c, key=key: f"{c.matmul_tflops[key]:,.1f}")
+             for key in ceilings.matmul_tflops]
+    rows += [("eager launch, µs per kernel", lambda c: f"{c.launch_us:.2f}"),
+             ("kernel in a CUDA graph, µs", lambda c: f"{c.graph_kernel_us:.2f}")]
+    for label, fmt in rows:
+        table.add_row(label, fmt(ceilings), *([fmt(reference)] if reference is not None else []))
+    return table
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamfuse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -234,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--list", action="store_true", help="list the workloads and their suites")
     bench.add_argument("--out", default="streamfuse-bench", help="directory for bench.json and bench.png")
     bench.set_defaults(fn=cmd_bench)
+    calibrate = sub.add_parser("calibrate", help="measure this GPU's ceilings (copy, matmul, launch costs) "
+                               "and cache them per device name")
+    calibrate.add_argument("--force", action="store_true", help="measure again even if a cached result exists")
+    calibrate.add_argument("--cache-dir", default=None, help="cache directory (default: Config().cache_dir)")
+    calibrate.set_defaults(fn=cmd_calibrate)
     return parser
 
 

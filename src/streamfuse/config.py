@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 Executor = Literal["auto", "triton", "reference"]
+MatmulStrategy = Literal["auto", "triton", "cublas"]
 
 
 def _default_cache_dir() -> Path:
@@ -29,6 +30,9 @@ class Config:
     """Upper bound on tensors (inputs + outputs) one generated kernel takes."""
     max_ops_per_kernel: int = 256
     """Upper bound on IR nodes fused into one kernel."""
+    fold_batchnorm: bool = True
+    """Fold inference batch-norm into the preceding conv's weights at compile time (a snapshot: later
+    in-place weight changes need a new compile); False runs it as an epilogue reading live parameters."""
     horizontal_fusion: bool = True
     """Pack independent small pointwise kernels into one launch."""
     horizontal_max_elements: int = 262144
@@ -39,11 +43,24 @@ class Config:
     max_persistent_reduction: int = 16384
     """Largest reduced extent (elements per row) kept in registers in one pass; larger
     reductions run through ATen (recorded as a refusal)."""
+    matmul_strategy: MatmulStrategy = "auto"
+    """mm / addmm with a pointwise epilogue: "auto" lets the cost model (or, with profile_guided, a
+    measurement) pick the Triton template with the epilogue fused or cuBLAS + one epilogue kernel;
+    "triton" or "cublas" force one."""
+    triton_matmul_efficiency: float = 0.7
+    """Prior for the cost model: the fraction of cuBLAS's arithmetic rate and bandwidth a tuned Triton
+    template reaches. Measured on the H200 (bf16 4096x4096, PERF.md): 0.66 at batch 4096, 0.81 at 512,
+    0.70 of cuBLAS's bandwidth at batch 8."""
+    profile_guided: bool = False
+    """On CUDA, decide each matmul's strategy by timing both on the GPU at compile time."""
     # --- resources (the seeds' defaults; issue 3 enforces the occupancy rule) ----------
     max_registers_per_thread: int = 255
     target_registers_per_thread: int = 64
     max_shared_bytes_per_block: int = 48 * 1024
     target_shared_bytes_per_block: int = 32 * 1024
+    max_occupancy_drop: float = 0.2
+    """Refuse a fusion whose (estimated) occupancy falls more than this fraction below that of the
+    kernels it replaces (weighted by their bytes); the refusal names both figures."""
     grid_min_waves: int = 2
     """Aim for a grid of at least this many programs per SM where the problem allows."""
     # --- codegen (codegen/) -----------------------------------------------------------
@@ -52,6 +69,15 @@ class Config:
     reduction_elems_per_thread: int = 16
     """Register budget for a persistent reduction's row tile, in elements per thread."""
     reduction_max_warps: int = 16
+    matmul_max_shared_bytes: int = 227 * 1024
+    """Shared-memory cap for the matmul template's staged tiles. The template buffers its operand
+    tiles in shared memory by design and opts in to the device maximum (as cuBLAS does); the 48 KB
+    cap above applies to fused pointwise and reduction kernels, which keep data in registers."""
+    autotune: bool = True
+    """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
+    keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""
+    autotune_budget_s: float = 60.0
+    """Upper bound on tuning time per kernel; the candidates not reached are skipped."""
     # --- scheduling (schedule/) --------------------------------------------------------
     max_streams: int = 4
     """Independent kernels run on up to this many CUDA streams (capped by the DAG's width)."""
@@ -68,10 +94,17 @@ class Config:
     reuse_outputs: bool = False
     """True returns the graph's own output buffers (zero-copy), overwritten by the next call;
     False (default) returns fresh tensors."""
+    # --- tuning (tune/) ---------------------------------------------------------------
+    calibrate: bool = True
+    """On CUDA, measure the device's ceilings once (a few seconds) and cache them in cache_dir; False
+    uses the cache if present, else the built-in table."""
     # --- runtime (runtime/) -----------------------------------------------------------
     executor: Executor = "auto"
     """"auto": Triton kernels on CUDA, and on CPU under TRITON_INTERPRET=1; otherwise the
     reference executor (each group's ops run through torch). "triton" or "reference" force one."""
+    seed: int | None = None
+    """Seed of dropout's random numbers (ir/rng.py); None draws one from torch's generator at compile
+    time, so torch.manual_seed() before compiling reproduces the masks."""
     check_inputs: bool = True
     """Validate count, shape, dtype and device of each call's inputs (ValueError on mismatch)."""
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -106,5 +139,13 @@ class Config:
                 or list(buckets) != sorted(set(buckets))):
             raise ValueError(f"Config.batch_buckets must be a non-empty tuple of increasing positive ints, "
                              f"got {buckets!r}")
+        if self.matmul_strategy not in ("auto", "triton", "cublas"):
+            raise ValueError(f"Config.matmul_strategy must be 'auto', 'triton' or 'cublas', got {self.matmul_strategy!r}")
+        if not 0.0 < self.triton_matmul_efficiency <= 2.0:
+            raise ValueError(f"Config.triton_matmul_efficiency must be in (0, 2], got {self.triton_matmul_efficiency}")
+        if not 0.0 <= self.max_occupancy_drop <= 1.0:
+            raise ValueError(f"Config.max_occupancy_drop must be in [0, 1], got {self.max_occupancy_drop}")
+        if self.autotune_budget_s <= 0:
+            raise ValueError(f"Config.autotune_budget_s must be > 0, got {self.autotune_budget_s}")
         if self.fusion_fuel is not None and self.fusion_fuel < 0:
             raise ValueError(f"Config.fusion_fuel must be None or >= 0, got {self.fusion_fuel}")

@@ -1,6 +1,6 @@
 """A fused group -> Triton source (pointwise and persistent-reduction templates).
 
-Every value is produced lazily by `_Emitter.value(node, index)`: an input is a strided load at
+Every value is produced lazily by `Emitter.value(node, index)`: an input is a strided load at
 that index, a view remaps the index (ir/indexing.py), a pointwise op combines its operands'
 values at the broadcast index, a reduction reduces its input's row tile. Values are cached by
 (node, index), so a shared producer is computed once per distinct index.
@@ -17,10 +17,13 @@ import torch
 from streamfuse.codegen.pointwise_ops import Operand, emit_pointwise
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
+from streamfuse.fusion.geometry import pointwise_launch, reduction_launch
 from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import ZERO, Expr, Index, broadcast_index, delinearize, linearize, view_input_index
 from streamfuse.ir.ops import OpKind, packet_name
+from streamfuse.ir.rng import OP as RAND_OP
+from streamfuse.ir.rng import rand_node_args
 
 INT32_LIMIT = 2**31 - 1
 
@@ -46,10 +49,15 @@ class KernelSource:
     num_warps: int
     constexprs: dict[str, int] = field(default_factory=dict)
     ops: list[str] = field(default_factory=list)
+    num_stages: int | None = None
+    """Software-pipelining depth (the matmul template's buffered tiles); None is Triton's default."""
+    rng: bool = False
+    """Takes (seed, offset) scalars after the output pointers (dropout; ir/rng.py)."""
 
 
 def generate(group: Group, config: Config, target: str, sm_count: int) -> KernelSource:
-    """Triton source for a POINTWISE or REDUCTION group. `target` is "cuda" or "interpret"."""
+    """Triton source for a generated group. `target` is "cuda" or "interpret". A MATMUL group's
+    source comes with the heuristic tile (codegen/matmul.py); the tuner may pick another."""
     if group.kind is GroupKind.POINTWISE:
         return _generate_pointwise(group, config, target)
     if group.kind is GroupKind.REDUCTION:
@@ -57,33 +65,29 @@ def generate(group: Group, config: Config, target: str, sm_count: int) -> Kernel
         return _generate_reduction(group, group.domain, config, target, sm_count)
     if group.kind is GroupKind.HORIZONTAL:
         return _generate_horizontal(group, config, target)
+    if group.kind is GroupKind.MATMUL:
+        from streamfuse.codegen.matmul import generate_matmul, heuristic_tile, with_tile
+
+        source = generate_matmul(group, target)
+        return with_tile(source, group, heuristic_tile(group, config))
     raise ValueError(f"group {group.name} of kind {group.kind.value} is not generated")
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _needs_int64(group: Group, n: int) -> bool:
+def needs_int64(group: Group, n: int) -> bool:
     return max([n] + [x.numel for x in group.inputs + group.outputs]) > INT32_LIMIT
-
-
-def _pointwise_launch(n: int, config: Config) -> tuple[int, int]:
-    block = min(config.pointwise_block, max(16, _next_pow2(n)))
-    return block, max(1, min(config.pointwise_num_warps, block // 256))
 
 
 def _generate_pointwise(group: Group, config: Config, target: str) -> KernelSource:
     n = math.prod(group.shape)
-    block, num_warps = _pointwise_launch(n, config)
-    pid = "tl.program_id(0).to(tl.int64)" if _needs_int64(group, n) else "tl.program_id(0)"
-    em = _Emitter(group, target, masks={frozenset({"offs"}): "mask"})
+    block, num_warps = pointwise_launch(n, config, group.split)
+    pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, n) else "tl.program_id(0)"
+    em = Emitter(group, target, masks={frozenset({"offs"}): "mask"})
     _pointwise_body(em, group, block, pid, out_offset=0)
     return em.finish("pw", ["BLOCK: tl.constexpr"], grid=(math.ceil(n / block),), num_warps=num_warps,
                      constexprs={"BLOCK": block})
 
 
-def _pointwise_body(em: _Emitter, group: Group, block: int, pid: str, out_offset: int) -> None:
+def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset: int) -> None:
     """Lines computing and storing `group`'s outputs for the tile of program `pid`."""
     n = math.prod(group.shape)
     em.lines.append(f"offs = {pid} * BLOCK + tl.arange(0, BLOCK)")
@@ -94,25 +98,26 @@ def _pointwise_body(em: _Emitter, group: Group, block: int, pid: str, out_offset
     index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
     for j, out in enumerate(group.outputs):
         v = em.value(out, index)
-        em.store(f"out{out_offset + j}_ptr + offs", _store_cast(v, out), em.mask_for(frozenset({"offs"})))
+        em.store(f"out{out_offset + j}_ptr + offs", store_cast(v, out), em.mask_for(frozenset({"offs"})))
 
 
 def _generate_horizontal(group: Group, config: Config, target: str) -> KernelSource:
     """One launch, one program-id range per part: `if pid < end0: part 0 elif pid < end1: part 1 ...`."""
     sizes = [math.prod(p.shape) for p in group.parts]
-    block, num_warps = _pointwise_launch(max(sizes), config)
-    wide = any(_needs_int64(p, n) for p, n in zip(group.parts, sizes, strict=True))
-    top = _Emitter(group, target, masks={})
+    block, num_warps = pointwise_launch(max(sizes), config, max(p.split for p in group.parts))
+    wide = any(needs_int64(p, n) for p, n in zip(group.parts, sizes, strict=True))
+    top = Emitter(group, target, masks={})
     top.lines.append("pid = tl.program_id(0).to(tl.int64)" if wide else "pid = tl.program_id(0)")
     start, out_offset = 0, 0
     for k, (part, n) in enumerate(zip(group.parts, sizes, strict=True)):
-        sub = _Emitter(part, target, masks={frozenset({"offs"}): "mask"}, input_slot=top.input_slot)
+        sub = Emitter(part, target, masks={frozenset({"offs"}): "mask"}, input_slot=top.input_slot)
         sub.counter = top.counter
         _pointwise_body(sub, part, block, "pid" if start == 0 else f"(pid - {start})", out_offset)
         start += math.ceil(n / block)
         top.lines.append(f"{'if' if k == 0 else 'elif'} pid < {start}:")
         top.lines += [f"    {line}" for line in sub.lines]
         top.helpers |= sub.helpers
+        top.uses_rng |= sub.uses_rng
         top.counter = sub.counter
         out_offset += len(part.outputs)
     return top.finish("hz", ["BLOCK: tl.constexpr"], grid=(start,), num_warps=num_warps, constexprs={"BLOCK": block})
@@ -121,15 +126,9 @@ def _generate_horizontal(group: Group, config: Config, target: str) -> KernelSou
 def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, target: str,
                         sm_count: int) -> KernelSource:
     m, r = dom.rows, dom.row_size
-    block_r = _next_pow2(r)
-    tile = 32 * config.reduction_elems_per_thread * config.reduction_max_warps // 2
-    block_m = max(1, min(_next_pow2(m), tile // block_r))
-    while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
-        block_m //= 2
-    num_warps = min(config.reduction_max_warps,
-                    _next_pow2(max(1, block_m * block_r // (32 * config.reduction_elems_per_thread))))
-    pid = "tl.program_id(0).to(tl.int64)" if _needs_int64(group, m * r) else "tl.program_id(0)"
-    em = _Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
+    block_m, block_r, num_warps = reduction_launch(dom, config, sm_count, group.split)
+    pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, m * r) else "tl.program_id(0)"
+    em = Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
                                         frozenset({"rows", "cols"}): "mask"})
     em.lines += [f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]", "cols = tl.arange(0, BLOCK_R)[None, :]"]
     full_rows, full_cols = m % block_m == 0, r == block_r
@@ -155,7 +154,7 @@ def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, targ
         else:
             v = em.value(out, _row_index(full, dom, out.shape))
             offset, deps = "rows", frozenset({"rows"})
-        em.store(f"out{j}_ptr + {offset}", _store_cast(v, out), em.mask_for(deps))
+        em.store(f"out{j}_ptr + {offset}", store_cast(v, out), em.mask_for(deps))
     return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
                      grid=(math.ceil(m / block_m),), num_warps=num_warps,
                      constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
@@ -167,12 +166,12 @@ def _row_index(full: Index, dom: ReductionDomain, shape: tuple[int, ...]) -> Ind
     return tuple(e for d, e in enumerate(full) if d not in dom.dims)
 
 
-def _store_cast(v: Operand, out: Node) -> str:
+def store_cast(v: Operand, out: Node) -> str:
     assert out.dtype is not None
     return v.text if v.dtype == out.dtype else f"{v.text}.to({TL_DTYPE[out.dtype]})"
 
 
-class _Emitter:
+class Emitter:
     def __init__(self, group: Group, target: str, masks: dict[frozenset[str], str],
                  input_slot: dict[Node, int] | None = None):
         self.group = group
@@ -190,6 +189,10 @@ class _Emitter:
         self.full_masks: set[str] = set()
         """Masks that are statically all-true (the extent divides the block): never applied."""
         self.helpers: set[str] = set()
+        self.uses_rng = False
+        """The kernel draws random numbers (dropout): it takes rng_seed and rng_offset (ir/rng.py)."""
+        self.fixed: dict[Node, Operand] = {}
+        """Values computed outside value()'s rules (the matmul template's product), at every index."""
 
     def hoist(self, index: Index, prefix: str) -> Index:
         """Bind each non-trivial coordinate to a named variable, for readable loads."""
@@ -226,6 +229,8 @@ class _Emitter:
         raise AssertionError(f"no mask covers index variables {sorted(deps)}")
 
     def value(self, node: Node, index: Index) -> Operand:
+        if node in self.fixed:
+            return self.fixed[node]
         if node.kind is OpKind.REDUCTION and node in self.members:
             return self.reduction(node)
         key = (node, tuple(e.text for e in index))
@@ -233,6 +238,11 @@ class _Emitter:
             return self.cache[key]
         if node not in self.members:
             result = self.load(node, index)
+        elif node.op == RAND_OP:
+            _, base = rand_node_args(node)
+            self.uses_rng = True
+            counter = linearize(index, node.shape).text
+            result = self.tmp(f"tl.rand(rng_seed, rng_offset + {base} + ({counter}))", torch.float32)
         elif node.kind in (OpKind.VIEW, OpKind.BROADCAST):
             result = self.value(node.args[0], view_input_index(node, index))  # type: ignore[arg-type]
         else:
@@ -293,13 +303,14 @@ class _Emitter:
         return result
 
     def finish(self, tag: str, constexpr_params: list[str], grid: tuple[int, ...], num_warps: int,
-               constexprs: dict[str, int]) -> KernelSource:
+               constexprs: dict[str, int], num_stages: int | None = None) -> KernelSource:
         params, stride_dims = [], []
         for i, n in enumerate(self.group.inputs):
             dims = tuple(d for d, s in enumerate(n.shape) if s != 1)
             stride_dims.append(dims)
             params += [f"in{i}_ptr"] + [f"in{i}_s{d}" for d in dims]
         params += [f"out{j}_ptr" for j in range(len(self.group.outputs))]
+        params += ["rng_seed", "rng_offset"] if self.uses_rng else []
         params += constexpr_params
         body = "\n".join(f"    {line}" for line in self.lines)
         signature = ", ".join(params)
@@ -319,4 +330,5 @@ class _Emitter:
         )
         return KernelSource(fn_name=fn_name, source=source, inputs=list(self.group.inputs),
                             input_stride_dims=stride_dims, outputs=list(self.group.outputs), grid=grid,
-                            num_warps=num_warps, constexprs=constexprs, ops=ops)
+                            num_warps=num_warps, constexprs=constexprs, ops=ops, num_stages=num_stages,
+                            rng=self.uses_rng)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 from dataclasses import dataclass, field
 
 from streamfuse.ir.graph import Graph, Node
@@ -14,6 +15,8 @@ class GroupKind(enum.Enum):
     """A generated kernel over one iteration shape."""
     REDUCTION = "reduction"
     """A generated kernel over rows x reduced extent, with prologue and epilogue."""
+    MATMUL = "matmul"
+    """A Triton matmul template (mm / addmm) with its pointwise epilogue fused into the tile's store."""
     HORIZONTAL = "horizontal"
     """Independent small pointwise groups packed into one launch (program-id ranges pick the part)."""
     ATEN = "aten"
@@ -23,7 +26,7 @@ class GroupKind(enum.Enum):
 
     @property
     def generated(self) -> bool:
-        return self in (GroupKind.POINTWISE, GroupKind.REDUCTION, GroupKind.HORIZONTAL)
+        return self in (GroupKind.POINTWISE, GroupKind.REDUCTION, GroupKind.HORIZONTAL, GroupKind.MATMUL)
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,13 @@ class Group:
     """POINTWISE: the iteration shape (every output has it)."""
     domain: ReductionDomain | None = None
     """REDUCTION: the rows x columns space."""
+    split: int = 1
+    """Divides each thread's elements in the launch geometry (fusion/geometry.py): the planner's
+    remedy for a fusion that would otherwise lose occupancy."""
+    contraction: Node | None = None
+    """MATMUL: the mm / addmm node whose accumulator the epilogue reads."""
     note: str = ""
-    """Why an ATEN group was not generated, when it could have been."""
+    """Why an ATEN group was not generated, when it could have been; for MATMUL, the cost-model choice."""
     parts: list[Group] = field(default_factory=list)
     """HORIZONTAL: the packed pointwise groups, in launch-range order."""
 
@@ -105,6 +113,8 @@ class Plan:
     refusals: list[Refusal]
     merges: int
     """How many producer->consumer merges the planner made."""
+    matmul_choices: dict[Node, Any] = field(default_factory=dict)
+    """Contraction -> fusion.strategy.MatmulChoice: how it runs, with the predicted or measured times."""
 
     def group_of(self) -> dict[Node, Group]:
         return {n: g for g in self.groups for n in g.nodes}

@@ -8,11 +8,15 @@ legality apart from heuristics). The rules, for v1:
 - with reductions, all reduce the same dims of the same shape (one rows x columns domain); a
   value computed from a reduced value is either a full row tile (the domain's shape) or one
   value per row (keepdim or squeezed shape), so that each program owns whole rows;
-- views and expands are never written out by a kernel: they stay zero-copy aliases.
+- views and expands are never written out by a kernel: they stay zero-copy aliases;
+- with a contraction (mm / addmm, when the cost model picked the Triton template): one per kernel,
+  its operands read from outside (no prologue), and every value derived from it has the [M, N]
+  tile's shape or a reshape of it that keeps the last dim N, so each program stores whole tiles.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,6 +42,7 @@ class KernelShape:
     outputs: tuple[Node, ...]
     shape: tuple[int, ...] = ()
     domain: ReductionDomain | None = None
+    contraction: Node | None = None
 
 
 def reduction_domain(node: Node) -> ReductionDomain:
@@ -56,7 +61,7 @@ def reduction_domain(node: Node) -> ReductionDomain:
 def node_refusal(node: Node, config: Config) -> str | None:
     """Why this single node cannot be in a generated kernel, or None if it can."""
     if node.kind is OpKind.CONTRACTION:
-        return f"{node.op} is a contraction: it runs through ATen (cuBLAS/cuDNN); epilogue fusion is not generated yet"
+        return matmul_refusal(node)
     if node.kind is OpKind.GETITEM:
         return "getitem selects a result of a multi-output op: host-side, no kernel"
     if not node.kind.fusible:
@@ -105,6 +110,9 @@ def check_group(nodes: list[Node], graph_outputs: set[Node], config: Config) -> 
     if not outputs:
         return "the group computes nothing that is used"
 
+    contractions = [n for n in nodes if n.kind is OpKind.CONTRACTION]
+    if contractions:
+        return _check_matmul(nodes, members, inputs, outputs, contractions)
     reductions = [n for n in nodes if n.kind is OpKind.REDUCTION]
     if not reductions:
         shapes = sorted({n.shape for n in outputs})
@@ -159,6 +167,67 @@ def _check_reduction_levels(nodes: list[Node], members: set[Node], outputs: Iter
             return (f"output %{n.name} has shape {list(n.shape)}: a reduction kernel writes row tiles "
                     f"{list(full)} or per-row values {list(dom.keepdim_shape)}")
     return None
+
+
+MATMUL_OPS = frozenset({"aten.mm.default", "aten.addmm.default"})
+MATMUL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
+
+
+def matmul_refusal(node: Node) -> str | None:
+    """Why this contraction cannot be the Triton matmul template, or None if it can."""
+    if node.op not in MATMUL_OPS:
+        return f"{node.op} runs through ATen (cuBLAS/cuDNN): only mm and addmm have a Triton template"
+    a, b = matmul_operands(node)
+    if not (isinstance(a, Node) and isinstance(b, Node)) or len(a.shape) != 2 or len(b.shape) != 2:
+        return f"{node.op} with non-matrix operands runs through ATen"
+    if not (a.dtype == b.dtype == node.dtype and node.dtype in MATMUL_DTYPES):
+        return f"{node.op} in {a.dtype} x {b.dtype} -> {node.dtype} runs through ATen (template: fp16, bf16, fp32)"
+    if node.op == "aten.addmm.default" and not isinstance(node.args[0], Node):
+        return "addmm with a scalar input runs through ATen"
+    return None
+
+
+def matmul_operands(node: Node) -> tuple[Node, Node]:
+    """(A, B) of an mm or addmm node: the product is A @ B."""
+    a, b = node.args[-2:] if node.op == "aten.addmm.default" else node.args[:2]
+    return a, b  # type: ignore[return-value]
+
+
+def is_tile_shape(shape: tuple[int, ...], m: int, n: int) -> bool:
+    """The [m, n] tile, or a reshape of it that keeps the last dim (e.g. [B, T, n] with B*T = m)."""
+    return len(shape) >= 1 and shape[-1] == n and math.prod(shape[:-1]) == m
+
+
+def _check_matmul(nodes: list[Node], members: set[Node], inputs: tuple[Node, ...], outputs: tuple[Node, ...],
+                  contractions: list[Node]) -> KernelShape | str:
+    if len(contractions) > 1:
+        return "two contractions in one kernel: the matmul template computes one product"
+    mm = contractions[0]
+    inside = [a for a in mm.input_nodes() if a in members]
+    if inside:
+        return (f"%{mm.name} reads %{inside[0].name}, computed in the same kernel: prologue fusion into the "
+                "matmul template is not generated")
+    if any(n.kind is OpKind.REDUCTION for n in nodes):
+        return "a reduction in a matmul epilogue is not generated (the tile holds only part of a row)"
+    m, n_cols = mm.shape
+    dependent = {mm}
+    for n in nodes:
+        deps = [a for a in n.input_nodes() if a in dependent]
+        if n is mm or not deps:
+            continue
+        dependent.add(n)
+        if not is_tile_shape(n.shape, m, n_cols):
+            return (f"%{n.name} has shape {list(n.shape)}: a matmul epilogue keeps the [{m}, {n_cols}] tile "
+                    "(or a reshape of it with the same last dim)")
+        if n.kind is OpKind.VIEW and packet_name(n.op) not in ("view", "_unsafe_view", "reshape"):
+            return f"%{n.name} ({n.op}) rearranges the matmul result: the epilogue stores tiles in place"
+        for a in deps:
+            if a.shape != n.shape and n.kind is not OpKind.VIEW:
+                return f"%{n.name} broadcasts %{a.name}, derived from the matmul, across tiles"
+    for o in outputs:
+        if not is_tile_shape(o.shape, m, n_cols):
+            return f"output %{o.name} of shape {list(o.shape)} is not the matmul tile [{m}, {n_cols}]"
+    return KernelShape(GroupKind.MATMUL, inputs, outputs, shape=(m, n_cols), contraction=mm)
 
 
 def _external_inputs(nodes: list[Node], members: set[Node]) -> list[Node]:

@@ -8,22 +8,38 @@ Refusal with its reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import networkx as nx
 
 from streamfuse.config import Config
 from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal
 from streamfuse.fusion.horizontal import pack_horizontal
-from streamfuse.fusion.legality import check_group, node_refusal
+from streamfuse.fusion.geometry import SPLITS, Resources, estimate, resource_refusal
+from streamfuse.fusion.legality import KernelShape, check_group, node_refusal
+from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.ops import OpKind
 
 
-def plan_fusion(graph: Graph, config: Config) -> Plan:
+def plan_fusion(graph: Graph, config: Config, choices: Mapping[Node, MatmulChoice] | None = None,
+                sm_count: int = 132) -> Plan:
+    """`choices`: how each supported contraction runs (fusion/strategy.py); None asks the cost model
+    with the built-in device ceilings. `sm_count` sizes reduction grids for the resource estimates."""
     ops = graph.ops()
     position = {n: i for i, n in enumerate(graph.nodes)}
     outputs = set(graph.output_nodes)
-    state = _Partition(ops, position)
-    fusible = {n: config.fuse and node_refusal(n, config) is None for n in ops}
+    state = _Partition(ops, position, sm_count)
+    if choices is None:
+        choices = choose_matmuls(graph, config)
+
+    def refusal(n: Node) -> str | None:
+        reason = node_refusal(n, config)
+        if reason is None and n.kind is OpKind.CONTRACTION and choices[n].strategy != "triton":
+            return f"{n.op} runs through cuBLAS ({choices[n].reason})"
+        return reason
+
+    fusible = {n: config.fuse and refusal(n) is None for n in ops}
     edges = sorted(
         ((p, c) for c in ops for p in c.input_nodes() if p in state.group_of),
         key=lambda e: (-e[0].numel * e[0].itemsize, position[e[1]]),
@@ -39,6 +55,7 @@ def plan_fusion(graph: Graph, config: Config) -> Plan:
             if not (fusible[p] and fusible[c]) or state.group_of[p] == state.group_of[c]:
                 continue
             if _merge_refusal(state, p, c, outputs, config) is None:
+                state.split[state.group_of[p]] = state.pending_split
                 state.merge(state.group_of[p], state.group_of[c])
                 merges += 1
                 changed = True
@@ -50,24 +67,31 @@ def plan_fusion(graph: Graph, config: Config) -> Plan:
         if not config.fuse:
             reason = "fusion disabled (Config.fuse=False)"
         elif not fusible[p]:
-            reason = f"producer {node_refusal(p, config)}"
+            reason = f"producer {refusal(p)}"
         elif not fusible[c]:
-            reason = f"consumer {node_refusal(c, config)}"
+            reason = f"consumer {refusal(c)}"
         else:
             reason = _merge_refusal(state, p, c, outputs, config) or "fusion fuel exhausted"
         refusals.append(Refusal(p, c, reason))
 
-    groups = _build_groups(state, graph, outputs, config)
+    groups = _build_groups(state, graph, outputs, config, refusal)
+    for g in groups:
+        if g.contraction is not None:
+            g.note = choices[g.contraction].reason
     if config.fuse and config.horizontal_fusion:
         groups = pack_horizontal(groups, position, config)
-    return Plan(graph=graph, groups=groups, refusals=refusals, merges=merges)
+    return Plan(graph=graph, groups=groups, refusals=refusals, merges=merges, matmul_choices=dict(choices))
 
 
 class _Partition:
     """Node -> group id, with the group DAG queries the planner needs."""
 
-    def __init__(self, ops: list[Node], position: dict[Node, int]):
+    def __init__(self, ops: list[Node], position: dict[Node, int], sm_count: int):
         self.position = position
+        self.sm_count = sm_count
+        self.split: dict[int, int] = {}
+        """Group id -> per-thread work divisor chosen when it was merged (fusion/geometry.py)."""
+        self.pending_split = 1
         self.group_of: dict[Node, int] = {n: i for i, n in enumerate(ops)}
         self.members: dict[int, list[Node]] = {i: [n] for i, n in enumerate(ops)}
 
@@ -102,10 +126,39 @@ def _merge_refusal(state: _Partition, p: Node, c: Node, outputs: set[Node], conf
         return f"merging would create a cycle through the group of %{first.name}"
     union = sorted(state.members[gp] + state.members[gc], key=state.position.__getitem__)
     result = check_group(union, outputs, config)
-    return result if isinstance(result, str) else None
+    if isinstance(result, str):
+        return result
+    if result.kind not in (GroupKind.POINTWISE, GroupKind.REDUCTION):
+        return None  # the matmul template's tile is held to the limits by the tuner instead
+    parts = [(check_group(state.members[g], outputs, config), state.split.get(g, 1)) for g in (gp, gc)]
+    # The occupancy rule compares pointwise fusions with the pointwise kernels they replace (same
+    # geometry: only register pressure changes). Fused persistent reductions keep only the hard
+    # limits: the seeds waive the rule where measurement shows the fusion faster, and on the H200
+    # softmax and layer_norm fused into one kernel reach 94% and 90% of copy bandwidth (PERF.md,
+    # runs 5-13) at occupancies this estimate puts 20-35% below the unfused kernels'.
+    replaced = [(_resources(p, config, state.sm_count, split), _bytes(p)) for p, split in parts
+                if not isinstance(p, str) and p.kind is GroupKind.POINTWISE is result.kind]
+    reason = None
+    for split in SPLITS:  # refuse only if spreading the work over more threads cannot restore occupancy
+        reason = resource_refusal(_resources(result, config, state.sm_count, split), replaced, config)
+        if reason is None:
+            state.pending_split = split
+            return None
+    return f"resources: {reason}"
 
 
-def _build_groups(state: _Partition, graph: Graph, outputs: set[Node], config: Config) -> list[Group]:
+def _resources(shape: KernelShape, config: Config, sm_count: int, split: int = 1) -> Resources:
+    reductions = sum(1 for n in shape.outputs if n.kind is OpKind.REDUCTION) or (shape.domain is not None)
+    return estimate(shape.kind, list(shape.inputs), list(shape.outputs), shape.shape, shape.domain,
+                    int(reductions), config, sm_count, split=split)
+
+
+def _bytes(shape: KernelShape) -> float:
+    return float(sum(n.numel * n.itemsize for n in shape.inputs + shape.outputs))
+
+
+def _build_groups(state: _Partition, graph: Graph, outputs: set[Node], config: Config,
+                  refusal: Callable[[Node], str | None]) -> list[Group]:
     dag: nx.DiGraph = nx.DiGraph()
     for gid in state.members:
         dag.add_node(gid)
@@ -116,21 +169,27 @@ def _build_groups(state: _Partition, graph: Graph, outputs: set[Node], config: C
     groups = []
     for new_id, gid in enumerate(order):
         nodes = state.members[gid]
-        groups.append(_make_group(new_id, nodes, outputs, config))
+        groups.append(_make_group(new_id, nodes, outputs, config, refusal))
+        groups[-1].split = state.split.get(gid, 1)
     return groups
 
 
-def _make_group(gid: int, nodes: list[Node], outputs: set[Node], config: Config) -> Group:
+def _make_group(gid: int, nodes: list[Node], outputs: set[Node], config: Config,
+                refusal: Callable[[Node], str | None]) -> Group:
     head = nodes[0]
     if len(nodes) == 1 and head.kind in (OpKind.VIEW, OpKind.BROADCAST, OpKind.GETITEM):
         return _single(gid, GroupKind.ALIAS, head)
+    if len(nodes) == 1 and head.kind is OpKind.CONTRACTION and refusal(head) is not None:
+        group = _single(gid, GroupKind.ATEN, head)  # a product with nothing fused runs through ATen
+        group.note = refusal(head) or "no epilogue fused into it: cuBLAS alone is faster"
+        return group
     shape = check_group(nodes, outputs, config)
     if isinstance(shape, str):  # only a lone node lands here: merged groups passed this check
         group = _single(gid, GroupKind.ATEN, head)
-        group.note = node_refusal(head, config) or shape
+        group.note = refusal(head) or shape
         return group
     return Group(gid, shape.kind, nodes, inputs=list(shape.inputs), outputs=list(shape.outputs),
-                 shape=shape.shape, domain=shape.domain)
+                 shape=shape.shape, domain=shape.domain, contraction=shape.contraction)
 
 
 def _single(gid: int, kind: GroupKind, node: Node) -> Group:

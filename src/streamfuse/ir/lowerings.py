@@ -3,6 +3,7 @@ capture (they go through prims or mutating ops), rewritten into ops the planner 
 
 - var / var_mean (every overload) -> var.correction (+ mean.dim)
 - inference batch-norm -> (x - mean) * rsqrt(var + eps) * weight + bias, per channel
+- training dropout -> philox_rand >= p selects x / (1 - p) (ir/rng.py), so it fuses
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from streamfuse.ir.graph import Arg, Node
 from streamfuse.ir.indexing import contiguous_strides
 from streamfuse.ir.ops import kind_of
+from streamfuse.ir.rng import philox_rand
 
 aten = torch.ops.aten
 
@@ -29,7 +31,7 @@ class Builder:
 
     def add(self, name: str, target: Any, args: tuple, kwargs: dict | None = None, *,
             shape: tuple[int, ...], dtype: torch.dtype) -> Node:
-        qual = str(target)
+        qual = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
         node = Node(self.fresh(name), qual, kind_of(qual), target, args, kwargs or {},
                     shape=tuple(shape), dtype=dtype, strides=contiguous_strides(shape))
         self.nodes.append(node)
@@ -57,6 +59,8 @@ def _lower_var(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> 
 
 
 def _lower_batch_norm(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg:
+    # ir/fold.py matches this exact chain (after a convolution) to fold it into the conv's weights:
+    # a change to the chain's ops or operand order must be mirrored there (tests/test_fold.py checks).
     x, weight, bias, mean, var = args[:5]
     eps = args[6] if len(args) > 6 else kwargs.get("eps", 1e-5)
     assert isinstance(x, Node) and isinstance(mean, Node) and isinstance(var, Node)
@@ -93,10 +97,29 @@ class _Unused:
         return f"<unused {self.what}>"
 
 
+def _lower_dropout(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg:
+    """native_dropout(x, p, train) -> (where(rand >= p, x / (1 - p), 0), rand >= p), all pointwise."""
+    x, p = args[0], float(args[1])
+    train = args[2] if len(args) > 2 else kwargs.get("train", True)
+    assert isinstance(x, Node) and x.dtype is not None
+    if not train:  # eval-mode native_dropout is the identity with an all-true mask
+        mask = b.add("dropout_keep", aten.full.default, (list(x.shape), True), {"dtype": torch.bool},
+                     shape=x.shape, dtype=torch.bool)
+        return (x, mask)
+    rand = b.add("dropout_rand", philox_rand, (None, list(x.shape), 0, val[0].device), shape=x.shape,
+                 dtype=torch.float32)
+    keep = b.add("dropout_keep", aten.ge.Scalar, (rand, p), shape=x.shape, dtype=torch.bool)
+    scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
+    scaled = b.add("dropout_scaled", aten.mul.Tensor, (x, scale), shape=x.shape, dtype=x.dtype)
+    out = b.add("dropout", aten.where.ScalarOther, (keep, scaled, 0.0), shape=x.shape, dtype=x.dtype)
+    return (out, keep)
+
+
 LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg]] = {
     aten.var_mean.correction: _lower_var,
     aten.var_mean.dim: _lower_var,
     aten.var.dim: _lower_var,
     aten.var.correction: _lower_var,
     aten._native_batch_norm_legit_no_training.default: _lower_batch_norm,
+    aten.native_dropout.default: _lower_dropout,
 }

@@ -47,6 +47,7 @@ OP_KINDS: dict[str, OpKind] = {
     **{f"aten.{n}": OpKind.REDUCTION for n in _REDUCTION},
     **{f"aten.{n}": OpKind.CONTRACTION for n in _CONTRACTION},
     **{n: OpKind.VIEW for n in MULTI_VIEWS},
+    "streamfuse.philox_rand": OpKind.POINTWISE,  # counter-based: a pure function of its index (ir/rng.py)
 }
 
 # Overloads whose semantics differ from the packet's default and that v1 does not generate.

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamfuse.profile.timeline import Interval, gap_ratio, span, union_length
+from streamfuse.tune.ceilings import BUILTIN, DeviceCeilings
 
 LAUNCH_BOUND_US = 5.0
 """Kernels shorter than this spend a comparable time being launched: fusion candidates."""
@@ -21,7 +22,8 @@ LAUNCH_BOUND_US = 5.0
 
 @dataclass(frozen=True)
 class Ceilings:
-    """Device limits the achieved figures are compared with."""
+    """Device limits the achieved figures are compared with: the report's view of a
+    tune.ceilings.DeviceCeilings (the one source of these numbers)."""
 
     name: str
     bandwidth_gbps: float
@@ -29,12 +31,15 @@ class Ceilings:
     tflops: float
     """Dense matrix rate (bf16) in TFLOP/s."""
 
+    @classmethod
+    def of(cls, device: DeviceCeilings | Ceilings) -> Ceilings:
+        if isinstance(device, Ceilings):
+            return device
+        return cls(device.name, device.copy_gbps, device.matmul_tflops["bfloat16"])
 
-CEILINGS = {
-    "H200": Ceilings("NVIDIA H200", 4230.0, 771.0),  # measured here (GPU_FACTS.md)
-    "H100": Ceilings("NVIDIA H100 SXM", 3000.0, 700.0),  # datasheet-derived leads
-    "A100": Ceilings("NVIDIA A100 SXM", 1750.0, 280.0),
-}
+
+CEILINGS = {key: Ceilings.of(device) for key, device in BUILTIN.items()}
+"""The built-in table (tune.ceilings.BUILTIN) by short name: "H200", "H100", "A100"."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +110,10 @@ class ProfileReport:
 
 
 def build_report(label: str, device: str, intervals: list[Interval], *, predicted: bool, calls: int = 1,
-                 ceilings: Ceilings | None = None, info: Mapping[str, KernelInfo] | None = None,
+                 ceilings: Ceilings | DeviceCeilings | None = None, info: Mapping[str, KernelInfo] | None = None,
                  samples: list[DeviceSample] | None = None) -> ProfileReport:
     info = info or {}
+    ceilings = Ceilings.of(ceilings) if ceilings is not None else None
     by_stream: dict[int, list[Interval]] = defaultdict(list)
     by_name: dict[tuple[str, int], list[Interval]] = defaultdict(list)
     for iv in intervals:

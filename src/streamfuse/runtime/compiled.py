@@ -100,7 +100,7 @@ class CompiledGraph:
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *inputs: Any) -> Any:
-        if self.use_graphs and self.graph_failure is None:
+        if self.use_graphs and self.graph_failure is None and not _capturing():
             flat = self._replay(inputs)
         elif self.batch_reason is None:
             flat = self._run_bucketed(list(inputs))
@@ -266,12 +266,20 @@ VIEW_US = 1.0
 """Carving one fresh output out of the per-dtype buffer."""
 
 
+def _capturing() -> bool:
+    """Inside someone else's CUDA-graph capture our graph cannot replay: its kernels are captured instead."""
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
 def graph_skip_reason(exe: Executable) -> str | None:
     """Why replaying a CUDA graph would not beat launching directly, or None if it would.
 
     A graph saves the host cost of every launch and allocation but adds copies: inputs into its
     static buffers and (unless reuse_outputs) results out of them. With few launches, or tensors so
     large that the copies cost more than the launches saved, direct launches win."""
+    if exe.rng is not None:
+        return ("the graph draws random numbers (dropout): a replayed CUDA graph would repeat the first call's "
+                "mask, so calls launch directly and each draws a fresh one")
     launches = exe.launches
     # launching directly allocates every intermediate and result on the host, per call
     allocations = sum(len(g.outputs) for g in exe.plan.groups if g.launches)

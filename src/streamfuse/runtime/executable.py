@@ -17,13 +17,16 @@ from streamfuse.codegen.kernel import KernelSource, generate
 from streamfuse.config import Config
 from streamfuse.fusion.groups import GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
+from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
+from streamfuse.ir.rng import RngState, attach_rng
 from streamfuse.profile import known
 from streamfuse.runtime.steps import HoistedStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
 from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.schedule.plan import StreamSchedule, schedule_steps
+from streamfuse.tune.ceilings import DeviceCeilings, builtin_for, ceilings_for
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
 
@@ -51,19 +54,34 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
                 if device.type == "cuda" else DEFAULT_SM_COUNT)
     target = "cuda" if device.type == "cuda" else "interpret"
-    # 1. which nodes share a kernel, and why others do not
-    plan = plan_fusion(graph, config)
-    # 2. Triton source for each generated group (always, so explain() shows it on any machine)
+    on_gpu = device.type == "cuda" and executor == "triton"
+    rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
+    # 1. how each matmul runs (cost model on the device's ceilings, or measured), which nodes share
+    #    a kernel, and why others do not
+    ceilings = ceilings_for(device if device.type == "cuda" else None, config.cache_dir, config.calibrate)
+    if on_gpu and config.profile_guided:
+        from streamfuse.tune.autotune import measure_choices
+
+        choices = measure_choices(graph, config, ceilings, device, lambda src: _load(src, config))
+    else:
+        choices = choose_matmuls(graph, config, ceilings)
+    plan = plan_fusion(graph, config, choices, sm_count)
+    # 2. Triton source for each generated group (always, so explain() shows it on any machine);
+    #    on the GPU the matmul template's tile is tuned (or read from the tuning cache)
     sources = {g.id: generate(g, config, target, sm_count) for g in plan.groups if g.kind.generated}
+    if on_gpu and config.autotune:
+        from streamfuse.tune.autotune import tune_matmul
+
+        for g in plan.groups:
+            if g.kind is GroupKind.MATMUL:
+                sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device)
     # 3. one step per group; generated kernels are compiled (cached by content hash) when used
     slot = {n: i for i, n in enumerate(graph.nodes)}
     steps: list[Step] = []
     for g in plan.groups:
         if g.kind.generated and executor == "triton":
-            from streamfuse.codegen.cache import load_kernel
-
-            kernel = load_kernel(sources[g.id].fn_name, sources[g.id].source, config.cache_dir)
-            step = make_kernel_step(g, sources[g.id], kernel, slot, device)
+            kernel = _load(sources[g.id], config)
+            step = make_kernel_step(g, sources[g.id], kernel, slot, device, rng)
             known.register(sources[g.id].fn_name, group_bytes(g), group_flops(g), step)
             steps.append(step)
         else:
@@ -72,7 +90,17 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     steps = _hoist_constant_aliases(plan, steps, graph)
     # 5. streams and events for the launches (a pure function; planned on every device)
     schedule = schedule_steps(plan, config)
-    return Executable(graph, plan, steps, sources, schedule, config, device, executor)
+    exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
+    exe.ceilings = ceilings
+    exe.rng = rng
+    exe.sm_count = sm_count
+    return exe
+
+
+def _load(source: KernelSource, config: Config) -> Any:
+    from streamfuse.codegen.cache import load_kernel
+
+    return load_kernel(source.fn_name, source.source, config.cache_dir)
 
 
 def _hoist_constant_aliases(plan: Plan, steps: list[Step], graph: Graph) -> list[Step]:
@@ -120,6 +148,11 @@ class Executable:
         self.device = device
         self.executor = executor
         self.slot = {n: i for i, n in enumerate(graph.nodes)}
+        self.ceilings: DeviceCeilings = builtin_for(None)
+        """The device ceilings the plan's cost model used (calibrated on CUDA)."""
+        self.sm_count = DEFAULT_SM_COUNT
+        self.rng: RngState | None = None
+        """Dropout's random-number state: advanced once per call, so each call draws a fresh mask."""
         self.input_slots = [self.slot[n] for n in graph.inputs]
         self.constants = [(self.slot[n], t) for n, t in graph.constants.items()]
         self.release = self._release_lists()
@@ -131,6 +164,8 @@ class Executable:
         """Run once on already-checked inputs; returns the flat outputs. With `keep_alive` (a list),
         no buffer is released during the run and every buffer is appended to it (CUDA-graph capture:
         memory is then never reused within the graph, whatever stream reads it)."""
+        if self.rng is not None:
+            self.rng.advance()
         env: list[Any] = [None] * len(self.graph.nodes)
         for s, t in zip(self.input_slots, inputs, strict=True):
             env[s] = t

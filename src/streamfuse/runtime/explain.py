@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+from streamfuse.fusion.geometry import Resources, estimate
 from streamfuse.fusion.groups import Group, GroupKind
+from streamfuse.fusion.legality import matmul_operands
 from streamfuse.ir.graph import Node
+from streamfuse.ir.ops import OpKind
+from streamfuse.schedule.cost import estimate_us, unfused_us
 
 if TYPE_CHECKING:
     from streamfuse.runtime.compiled import CompiledGraph
@@ -31,6 +36,14 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
         shapes = ", ".join(str(list(p.shape)) for p in g.parts)
         head = (f"{len(g.parts)} independent pointwise kernels in one launch ({shapes}), grid {src.grid}, "
                 f"{src.num_warps} warps, {src.constexprs}")
+    elif g.kind is GroupKind.MATMUL:
+        src = compiled.sources[g.id]
+        assert g.contraction is not None
+        a, b = matmul_operands(g.contraction)
+        c = src.constexprs
+        head = (f"Triton matmul template [{a.shape[0]} x {a.shape[1]}] @ [{b.shape[0]} x {b.shape[1]}] with "
+                f"{len(g.nodes) - 1} epilogue op(s), tile {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}, grid {src.grid}, "
+                f"{src.num_warps} warps, {src.num_stages} stages; {g.note}")
     elif g.kind is GroupKind.ATEN:
         head = f"ATen ({g.note})" if g.note else "ATen"
     else:
@@ -39,7 +52,33 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
     if g.kind.generated:
         lines.append(f"    reads:  {', '.join(_tensor(n) for n in g.inputs) or '-'}")
         lines.append(f"    writes: {', '.join(_tensor(n) for n in g.outputs)}")
+        ceilings = compiled.base.ceilings
+        fused = estimate_us(g, ceilings=ceilings)
+        before, kernels = unfused_us(g, ceilings)
+        lines.append(f"    predicted: {fused:.1f} us fused, {before:.1f} us as {kernels} separate kernel(s) "
+                     f"({ceilings.name}, {ceilings.source})")
+        lines.append(f"    resources: {kernel_resources(g, compiled)}")
     return "\n".join(lines)
+
+
+def kernel_resources(g: Group, compiled: CompiledGraph) -> Resources:
+    """The compiled kernel's registers / shared memory when it has run on a GPU, else the estimate."""
+    step = compiled.base.steps[compiled.plan.groups.index(g)]
+    binary = next(iter(getattr(step, "_compiled", {}).values()), None)
+    src = compiled.sources[g.id]
+    if binary is not None:
+        return Resources(threads=src.num_warps * 32, registers=int(binary.n_regs),
+                         shared_bytes=int(binary.metadata.shared), spills=int(binary.n_spills), measured=True)
+    parts = g.parts or [g]
+    reductions = sum(1 for p in parts for n in p.nodes if n.kind is OpKind.REDUCTION)
+    c = src.constexprs
+    tile = ((c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], src.num_warps, src.num_stages or 3)
+            if g.kind is GroupKind.MATMUL else None)
+    itemsize = g.contraction.itemsize if g.contraction is not None else 4
+    kind = GroupKind.POINTWISE if g.kind is GroupKind.HORIZONTAL else g.kind
+    shape = max((p.shape for p in parts), key=lambda s: math.prod(s)) if kind is GroupKind.POINTWISE else g.shape
+    return estimate(kind, g.inputs, g.outputs, shape, g.domain, reductions, compiled.config,
+                    compiled.base.sm_count, matmul_tile=tile, itemsize=itemsize, split=g.split)
 
 
 def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:

@@ -53,12 +53,15 @@ class ParallelModels:
 def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
              config: Config | None = None) -> ParallelModels:
     from streamfuse.capture.export import capture, normalize_inputs
+    from streamfuse.ir.fold import FoldCache, fold_batchnorm
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import disjoint_union
     from streamfuse.runtime.executable import graph_device
 
     if not models:
         raise ValueError("models must be a non-empty list of (model, example_inputs) pairs")
+    config = config or Config()
+    folds = FoldCache()  # the same model passed twice shares one copy of its folded weights
     graphs, counts, specs = [], [], []
     for i, pair in enumerate(models):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
@@ -70,10 +73,12 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
             raise ValueError(f"models[{i}] updates buffers in place (training-mode batch-norm?): "
                              "streamfuse.parallel takes inference models")
         graph = graph_from_fx(captured.gm, captured.bound)
+        if config.fold_batchnorm:
+            fold_batchnorm(graph, folds)
         graphs.append(graph)
         counts.append((len(graph.inputs), len(graph.outputs)))
         specs.append(captured.out_spec)
     device = graph_device(graphs[0], normalize_inputs(models[0][1]))
     merged = disjoint_union(graphs, [f"m{i}_" for i in range(len(graphs))])
-    compiled = build(merged, config or Config(), device, CallSpec(out_spec=None), recapture=None)
+    compiled = build(merged, config, device, CallSpec(out_spec=None), recapture=None)
     return ParallelModels(compiled, counts, specs)

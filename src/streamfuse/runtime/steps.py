@@ -15,6 +15,7 @@ import torch
 from streamfuse.codegen.kernel import KernelSource
 from streamfuse.fusion.groups import Group
 from streamfuse.ir.graph import Arg, Node, map_args
+from streamfuse.ir.rng import RngState
 
 Env = list[Any]
 
@@ -105,6 +106,8 @@ class KernelStep:
     device: torch.device
     direct: bool = False
     """Launch compiled kernels directly (CUDA only; the interpreter goes through the JIT)."""
+    rng: RngState | None = None
+    """The graph's random-number state, for kernels that draw (dropout)."""
     _compiled: dict[tuple, Any] = field(default_factory=dict)
 
     def run(self, env: Env) -> None:
@@ -115,6 +118,8 @@ class KernelStep:
             args.extend(t.stride(d) for d in dims)
         outs = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.out_meta]
         args.extend(outs)
+        if self.rng is not None:
+            args += (self.rng.seed, self.rng.offset)
         if self.direct:
             key = tuple(_specialization(a) for a in args)
             compiled = self._compiled.get(key)
@@ -131,7 +136,10 @@ class KernelStep:
             env[s] = t
 
     def _launch(self, args: list[Any]) -> Any:
-        return self.kernel[self.source.grid](*args, num_warps=self.source.num_warps, **self.source.constexprs)
+        options: dict[str, Any] = {"num_warps": self.source.num_warps}
+        if self.source.num_stages is not None:
+            options["num_stages"] = self.source.num_stages
+        return self.kernel[self.source.grid](*args, **options, **self.source.constexprs)
 
 
 def _specialization(arg: Any) -> Any:
@@ -159,7 +167,7 @@ Step = NodeStep | KernelStep | HoistedStep
 
 
 def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict[Node, int],
-                     device: torch.device) -> KernelStep:
+                     device: torch.device, rng: RngState | None = None) -> KernelStep:
     assert group.kind.generated
     return KernelStep(
         group=group, source=source, kernel=kernel,
@@ -168,4 +176,5 @@ def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict
         out_meta=[(n.shape, n.dtype) for n in source.outputs],  # type: ignore[misc]
         device=device,
         direct=device.type == "cuda",
+        rng=rng if source.rng else None,
     )

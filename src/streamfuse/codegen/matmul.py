@@ -1,0 +1,209 @@
+"""The matmul template: C = A @ B (mm), or beta * bias + alpha * A @ B (addmm), with the group's
+pointwise epilogue applied to the accumulator tile before the one store.
+
+Each program owns a BLOCK_M x BLOCK_N tile of C; programs are grouped GROUP_M tiles down the M
+axis so that neighbours share B panels in L2 (the ordering of Triton's matmul tutorial). The K
+loop accumulates in float32 with `tl.dot`; fp32 operands use IEEE products unless torch allows
+TF32, so results match cuBLAS's default numerics. The epilogue reads the product through
+`Emitter.fixed` and every other operand (bias, residual) as a masked strided load at the tile's
+index. The source does not depend on the tile sizes (they are constexpr parameters), so the
+tuner compiles one source with several tiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from streamfuse.codegen.kernel import INT32_LIMIT, Emitter, KernelSource, needs_int64, store_cast
+from streamfuse.codegen.pointwise_ops import Operand
+from streamfuse.codegen.types import TL_DTYPE
+from streamfuse.config import Config
+from streamfuse.fusion.groups import Group
+from streamfuse.fusion.legality import matmul_operands
+from streamfuse.fusion.strategy import matmul_dims
+from streamfuse.ir.graph import Node
+from streamfuse.ir.indexing import Expr, Index, broadcast_index, delinearize
+
+TILE_PARAMS = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
+               "GROUP_M: tl.constexpr", "EVEN_K: tl.constexpr"]
+
+
+@dataclass(frozen=True)
+class MatmulTile:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+    def shared_bytes(self, itemsize: int) -> int:
+        """Shared memory for the pipelined operand tiles: one A and one B tile per stage."""
+        return self.num_stages * (self.block_m * self.block_k + self.block_k * self.block_n) * itemsize
+
+    def __str__(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
+                f"g{self.group_m}")
+
+
+def generate_matmul(group: Group, target: str) -> KernelSource:
+    mm = group.contraction
+    assert mm is not None and mm.dtype is not None
+    a, b = matmul_operands(mm)
+    m, n, k = matmul_dims(mm)
+    em = Emitter(group, target, masks={frozenset({"rm"}): "mmask", frozenset({"rn"}): "nmask",
+                                       frozenset({"rm", "rn"}): "mask"})
+    wide = needs_int64(group, m * n) or max(a.numel, b.numel) > INT32_LIMIT
+    sa0, sa1 = _strides(em, a)
+    sb0, sb1 = _strides(em, b)
+    pa, pb = f"in{em.input_slot[a]}_ptr", f"in{em.input_slot[b]}_ptr"
+    precision = "" if mm.dtype != torch.float32 else (
+        ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else ', input_precision="ieee"')
+    # Triton's CPU interpreter multiplies bf16 tiles wrongly (numpy has no bf16): widen them there;
+    # the products are exact in fp32, so the result is the same
+    operands = "a.to(tl.float32), b.to(tl.float32)" if target != "cuda" and mm.dtype == torch.bfloat16 else "a, b"
+    em.lines += [
+        "pid = tl.program_id(0)",
+        f"n_pid_m = tl.cdiv({m}, BLOCK_M)",
+        f"n_pid_n = tl.cdiv({n}, BLOCK_N)",
+        "per_group = GROUP_M * n_pid_n",
+        "first_m = (pid // per_group) * GROUP_M",
+        "group_rows = tl.minimum(n_pid_m - first_m, GROUP_M)",
+        "pid_m = first_m + (pid % per_group) % group_rows",
+        "pid_n = (pid % per_group) // group_rows",
+        "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)" + (".to(tl.int64)" if wide else ""),
+        "offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""),
+        "offs_k = tl.arange(0, BLOCK_K)",
+        # rows and columns past the edge wrap around (their results are masked at the store),
+        # so the K loop's loads need no row/column masks
+        f"a_ptrs = {pa} + (offs_m % {m})[:, None] * {sa0} + offs_k[None, :] * {sa1}",
+        f"b_ptrs = {pb} + offs_k[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
+        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        f"for kk in range(0, tl.cdiv({k}, BLOCK_K)):",
+        "    if EVEN_K:",
+        "        a = tl.load(a_ptrs)",
+        "        b = tl.load(b_ptrs)",
+        "    else:",
+        f"        a = tl.load(a_ptrs, mask=offs_k[None, :] < {k} - kk * BLOCK_K, other=0.0)",
+        f"        b = tl.load(b_ptrs, mask=offs_k[:, None] < {k} - kk * BLOCK_K, other=0.0)",
+        f"    acc = tl.dot({operands}, acc{precision})",
+        f"    a_ptrs += BLOCK_K * {sa1}",
+        f"    b_ptrs += BLOCK_K * {sb0}",
+        "rm = offs_m[:, None]",
+        "rn = offs_n[None, :]",
+        f"mmask = rm < {m}",
+        f"nmask = rn < {n}",
+        "mask = mmask & nmask",
+    ]
+    tile_index = (Expr.var("rm"), Expr.var("rn"))
+    em.fixed[mm] = _product(em, mm, tile_index)
+    for j, out in enumerate(group.outputs):
+        v = em.value(out, _index_in(em, out.shape, tile_index))
+        em.store(f"out{j}_ptr + rm * {n} + rn", store_cast(v, out), "mask")
+    return em.finish("mm", TILE_PARAMS, grid=(1,), num_warps=4, constexprs={})
+
+
+def _strides(em: Emitter, operand: Node) -> tuple[str, str]:
+    """Stride parameter names of a matrix operand ("0" for a dim of size 1, which has none)."""
+    slot = em.input_slot[operand]
+    return tuple(f"in{slot}_s{d}" if operand.shape[d] != 1 else "0" for d in range(2))  # type: ignore[return-value]
+
+
+def _product(em: Emitter, mm: Node, tile_index: Index) -> Operand:
+    """The contraction's value on the tile, rounded to its dtype as cuBLAS's result would be."""
+    assert mm.dtype is not None
+    value = "acc"
+    if mm.op == "aten.addmm.default":
+        bias = mm.args[0]
+        assert isinstance(bias, Node)
+        alpha, beta = mm.kwargs.get("alpha", 1), mm.kwargs.get("beta", 1)
+        scaled = value if alpha == 1 else f"acc * {float(alpha)!r}"
+        b = em.value(bias, broadcast_index(tile_index, bias.shape, mm.shape))
+        b_text = b.text if b.dtype == torch.float32 else f"{b.text}.to(tl.float32)"
+        value = f"{scaled} + {b_text}" if beta == 1 else f"{scaled} + {float(beta)!r} * {b_text}"
+    if mm.dtype != torch.float32:
+        value = f"({value}).to({TL_DTYPE[mm.dtype]}).to(tl.float32)"
+    return em.tmp(value, torch.float32)
+
+
+def _index_in(em: Emitter, shape: tuple[int, ...], tile_index: Index) -> Index:
+    """The tile's index in a reshape of it that keeps the last dim ([B, T, N] for an [M, N] tile)."""
+    if len(shape) == 2:
+        return tile_index
+    rows = em.hoist(delinearize(tile_index[0], shape[:-1]), "xm")
+    return (*rows, tile_index[1])
+
+
+def with_tile(source: KernelSource, group: Group, tile: MatmulTile) -> KernelSource:
+    """The source with `tile`'s launch configuration (grid, warps, stages, constexprs)."""
+    assert group.contraction is not None
+    k = matmul_dims(group.contraction)[2]
+    constexprs = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k,
+                  "GROUP_M": tile.group_m, "EVEN_K": int(k % tile.block_k == 0)}
+    return dataclasses.replace(source, grid=(tile_grid(group, tile),), num_warps=tile.num_warps,
+                               num_stages=tile.num_stages, constexprs=constexprs)
+
+
+def heuristic_tile(group: Group, config: Config) -> MatmulTile:
+    """A reasonable tile without tuning: narrow M tiles for skinny products, large ones otherwise."""
+    assert group.contraction is not None
+    m, n, k = matmul_dims(group.contraction)
+    itemsize = group.contraction.itemsize
+    bk = 128 if itemsize <= 2 else 64
+    if m <= 32:
+        tile = MatmulTile(16 if m <= 16 else 32, 64, bk, 4, 4)
+    elif m <= 256:
+        tile = MatmulTile(64, 128, bk // 2, 4, 4)
+    else:
+        tile = MatmulTile(128, 128, bk // 2, 8, 3)
+    return clamp_tile(tile, m, n, k)
+
+
+def clamp_tile(tile: MatmulTile, m: int, n: int, k: int) -> MatmulTile:
+    """Blocks no larger than the (power-of-two rounded) problem; at least 16 (tl.dot's minimum)."""
+    def fit(block: int, extent: int) -> int:
+        return max(16, min(block, 1 << max(0, (extent - 1).bit_length())))
+
+    block_k = fit(tile.block_k, k)
+    # buffering more tiles than the K loop has iterations only costs shared memory
+    stages = max(1, min(tile.num_stages, math.ceil(k / block_k)))
+    return dataclasses.replace(tile, block_m=fit(tile.block_m, m), block_n=fit(tile.block_n, n),
+                               block_k=block_k, num_stages=stages)
+
+
+def candidate_tiles(group: Group, config: Config) -> list[MatmulTile]:
+    """The tuner's search space for this product: well-known Hopper/Ampere configurations, clamped to
+    the problem, deduplicated, within the shared-memory cap."""
+    assert group.contraction is not None
+    m, n, k = matmul_dims(group.contraction)
+    itemsize = group.contraction.itemsize
+    scale = 2 if itemsize <= 2 else 1  # twice the K depth for 16-bit operands
+    raw = [
+        MatmulTile(128, 256, 32 * scale, 8, 3), MatmulTile(256, 128, 32 * scale, 8, 3),
+        MatmulTile(128, 128, 32 * scale, 8, 3), MatmulTile(128, 128, 32 * scale, 4, 4),
+        MatmulTile(128, 128, 64 * scale, 8, 3), MatmulTile(128, 64, 32 * scale, 4, 4),
+        MatmulTile(64, 128, 32 * scale, 4, 4), MatmulTile(64, 64, 32 * scale, 4, 4),
+        MatmulTile(64, 256, 32 * scale, 8, 3),
+        MatmulTile(32, 64, 64 * scale, 4, 4), MatmulTile(16, 64, 64 * scale, 4, 4),
+        MatmulTile(16, 128, 64 * scale, 4, 3), MatmulTile(16, 32, 128 * scale, 4, 4),
+        MatmulTile(32, 32, 128 * scale, 4, 4), MatmulTile(16, 64, 128 * scale, 4, 5),
+        # skinny products are bandwidth-bound on B: narrow N tiles give enough programs to fill the GPU
+        MatmulTile(16, 16, 128 * scale, 4, 4), MatmulTile(16, 16, 256 * scale, 4, 3),
+        MatmulTile(16, 32, 256 * scale, 4, 3), MatmulTile(32, 16, 128 * scale, 4, 4),
+    ]
+    seen: dict[MatmulTile, None] = {}
+    for t in raw:
+        c = clamp_tile(t, m, n, k)
+        if c.shared_bytes(itemsize) <= config.matmul_max_shared_bytes:
+            seen.setdefault(c, None)
+    return list(seen) or [heuristic_tile(group, config)]
+
+
+def tile_grid(group: Group, tile: MatmulTile) -> int:
+    assert group.contraction is not None
+    m, n, _ = matmul_dims(group.contraction)
+    return math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n)

@@ -1,0 +1,126 @@
+"""Launch geometry and estimated resources of a generated kernel, before any code exists.
+
+The planner checks each candidate fusion against the resource limits in Config (registers per
+thread, shared memory per block, occupancy relative to the kernels it replaces); codegen launches
+with the same geometry. On the GPU, explain() and the profiler report the compiled kernel's real
+registers and shared memory instead (KernelStep keeps the compiled binaries).
+
+Register estimate (32-bit registers per thread), a deliberately simple model:
+    16 for indices and program ids + 2 per pointer argument (64-bit) + one per stride argument
+    + elements per thread x live tiles,
+where live tiles are the values that must be held at once: the loaded inputs and the results
+(pointwise: inputs + outputs, at most 8; reduction: the row tile of each input plus one per
+reduced value; matmul: the fp32 accumulator plus the operand fragments). Triton's register
+allocator often does better on pointwise code; it is an upper-side estimate used for refusals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from streamfuse.config import Config
+from streamfuse.fusion.groups import GroupKind, ReductionDomain
+from streamfuse.fusion.resources import WARP_SIZE, Occupancy, occupancy
+from streamfuse.ir.graph import Node
+
+DEFAULT_ARCH = "sm_90"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def pointwise_launch(n: int, config: Config, split: int = 1) -> tuple[int, int]:
+    """(BLOCK, num_warps) of a pointwise kernel over n elements; `split` divides each thread's
+    elements (the planner's remedy for a fusion that would lose occupancy)."""
+    full = min(config.pointwise_block, max(16, next_pow2(n)))
+    warps = max(1, min(config.pointwise_num_warps, full // 256))
+    return max(min(full, warps * WARP_SIZE), full // split), warps
+
+
+def reduction_launch(dom: ReductionDomain, config: Config, sm_count: int, split: int = 1) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_R, num_warps) of a persistent reduction: whole rows in registers, as many
+    rows per program as the register budget allows while the grid still gives every SM
+    `grid_min_waves` programs. `split` divides each thread's elements (more warps per row tile)."""
+    m, r = dom.rows, dom.row_size
+    elems = max(1, config.reduction_elems_per_thread // split)
+    block_r = next_pow2(r)
+    tile = WARP_SIZE * config.reduction_elems_per_thread * config.reduction_max_warps // 2
+    block_m = max(1, min(next_pow2(m), tile // block_r))
+    while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
+        block_m //= 2
+    num_warps = min(config.reduction_max_warps, next_pow2(max(1, block_m * block_r // (WARP_SIZE * elems))))
+    return block_m, block_r, num_warps
+
+
+SPLITS = (1, 2, 4)
+"""Per-thread work divisors the planner tries before it refuses a fusion for occupancy."""
+
+
+@dataclass(frozen=True)
+class Resources:
+    threads: int
+    registers: int
+    """Per thread (estimated, or read from the compiled kernel when `measured`)."""
+    shared_bytes: int
+    spills: int = 0
+    measured: bool = False
+
+    def occupancy(self, arch: str | tuple[int, int] = DEFAULT_ARCH) -> Occupancy:
+        return occupancy(arch, self.threads, min(self.registers, 255), self.shared_bytes)
+
+    def __str__(self) -> str:
+        how = "compiled" if self.measured else "estimated"
+        occ = self.occupancy()
+        spill = f", {self.spills} spilled" if self.spills else ""
+        return (f"{how}: {self.registers} registers/thread{spill}, {self.shared_bytes / 1024:.1f} KB shared/block, "
+                f"{self.threads} threads -> occupancy {occ.occupancy:.0%} ({occ.limiter}-limited)")
+
+
+def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tuple[int, ...],
+             domain: ReductionDomain | None, reductions: int, config: Config, sm_count: int,
+             matmul_tile: tuple[int, int, int, int, int] | None = None, itemsize: int = 4,
+             split: int = 1) -> Resources:
+    """Estimated resources of a generated kernel (see the module docstring for the model)."""
+    args = 16 + 2 * (len(inputs) + len(outputs)) + sum(len(n.shape) for n in inputs)
+    if kind is GroupKind.MATMUL:
+        assert matmul_tile is not None
+        bm, bn, bk, warps, stages = matmul_tile
+        threads = warps * WARP_SIZE
+        regs = args + bm * bn // threads + (bm * bk + bk * bn) * itemsize // 4 // threads
+        shared = stages * (bm * bk + bk * bn) * itemsize
+    elif kind is GroupKind.REDUCTION:
+        assert domain is not None
+        block_m, block_r, warps = reduction_launch(domain, config, sm_count, split)
+        threads = warps * WARP_SIZE
+        per_thread = max(1, block_m * block_r // threads)
+        regs = args + per_thread * (len(inputs) + reductions + 1)
+        shared = 4 * block_m * warps * reductions  # cross-warp partial results
+    else:
+        block, warps = pointwise_launch(math.prod(shape), config, split)
+        threads = warps * WARP_SIZE
+        per_thread = max(1, block // threads)
+        regs = args + per_thread * min(8, len(inputs) + len(outputs))
+        shared = 0
+    return Resources(threads=threads, registers=regs, shared_bytes=shared, spills=max(0, regs - 255))
+
+
+def resource_refusal(fused: Resources, parts: list[tuple[Resources, float]], config: Config) -> str | None:
+    """Why a fusion breaks the resource limits, with the numbers; `parts` are the kernels it replaces
+    with their bytes moved (occupancy is compared with their byte-weighted mean)."""
+    if fused.registers > config.max_registers_per_thread:
+        return (f"needs ~{fused.registers} registers/thread > max_registers_per_thread="
+                f"{config.max_registers_per_thread} (it would spill)")
+    if fused.shared_bytes > config.max_shared_bytes_per_block:
+        return (f"needs {fused.shared_bytes / 1024:.1f} KB shared memory/block > max_shared_bytes_per_block="
+                f"{config.max_shared_bytes_per_block / 1024:.0f} KB")
+    total = sum(b for _, b in parts)
+    if not parts or total <= 0:
+        return None
+    before = sum(r.occupancy().occupancy * b for r, b in parts) / total
+    after = fused.occupancy().occupancy
+    if after < (1.0 - config.max_occupancy_drop) * before:
+        return (f"occupancy would fall to {after:.0%} from {before:.0%} (the replaced kernels', weighted by bytes): "
+                f"more than max_occupancy_drop={config.max_occupancy_drop:.0%} below")
+    return None

@@ -1,0 +1,105 @@
+"""How each contraction runs: the Triton matmul template with its epilogue fused, or cuBLAS through
+ATen followed by one generated epilogue kernel. Chosen per node by the cost model (below) or, with
+`Config.profile_guided`, by measurement on the GPU (runtime/tuning passes measured times in).
+
+The cost model is a roofline with a launch cost, on the device's ceilings (tune/ceilings.py):
+
+    cuBLAS:  max(flops / rate, operand bytes / bw) + launch
+             + epilogue kernel: (read the product + write the result) / bw + launch
+    Triton:  max(flops / (rate * e), operand bytes / (bw * e)) + launch,  e = triton_matmul_efficiency
+
+so the template wins where the epilogue's round trip through memory and its launch cost more than
+the template's lower arithmetic rate: small and medium M, wide epilogues. A contraction without a
+pointwise consumer always runs through cuBLAS (nothing to fuse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from streamfuse.config import Config
+from streamfuse.fusion.legality import matmul_operands, matmul_refusal
+from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.ops import OpKind, packet_name
+from streamfuse.tune.ceilings import DeviceCeilings, builtin_for
+
+Strategy = Literal["triton", "cublas"]
+
+
+@dataclass(frozen=True)
+class MatmulChoice:
+    strategy: Strategy
+    cublas_us: float
+    """The product alone through cuBLAS."""
+    epilogue_us: float
+    """The separate epilogue kernel that cuBLAS needs (0 without an epilogue)."""
+    triton_us: float
+    """The template with the epilogue fused."""
+    measured: bool
+    """True where cublas_us and triton_us were measured on the GPU (profile_guided)."""
+
+    @property
+    def reason(self) -> str:
+        how = "measured" if self.measured else "predicted"
+        cmp = "<" if self.strategy == "triton" else ">="
+        return (f"{how}: Triton template + epilogue {self.triton_us:.1f} us {cmp} cuBLAS {self.cublas_us:.1f} us "
+                f"+ epilogue kernel {self.epilogue_us:.1f} us -> {self.strategy}")
+
+
+def matmul_dims(node: Node) -> tuple[int, int, int]:
+    a, b = matmul_operands(node)
+    return a.shape[0], b.shape[1], a.shape[1]
+
+
+def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoice:
+    """The cost model's times for both strategies (see the module docstring)."""
+    m, n, k = matmul_dims(node)
+    a, b = matmul_operands(node)
+    assert node.dtype is not None
+    flops = 2.0 * m * n * k
+    operand_bytes = (a.numel + b.numel) * a.itemsize + node.numel * node.itemsize
+    rate = ceilings.flops_per_us(node.dtype)
+    bw = ceilings.bytes_per_us()
+    launch = ceilings.graph_kernel_us
+    cublas = max(flops / rate, operand_bytes / bw) + launch
+    has_epilogue = bool(epilogue_users(node))
+    epilogue = (2.0 * node.numel * node.itemsize / bw + launch) if has_epilogue else 0.0
+    eff = config.triton_matmul_efficiency
+    triton = max(flops / (rate * eff), operand_bytes / (bw * eff)) + launch
+    return decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config)
+
+
+def decide(cublas_us: float, epilogue_us: float, triton_us: float, measured: bool, has_epilogue: bool,
+           config: Config) -> MatmulChoice:
+    if config.matmul_strategy != "auto":
+        strategy: Strategy = config.matmul_strategy
+    elif not has_epilogue:
+        strategy = "cublas"
+    else:
+        strategy = "triton" if triton_us < cublas_us + epilogue_us else "cublas"
+    return MatmulChoice(strategy, cublas_us, epilogue_us, triton_us, measured)
+
+
+def epilogue_users(node: Node) -> list[Node]:
+    """Pointwise consumers of `node`, looking through reshapes (what the template would fuse)."""
+    out: list[Node] = []
+    for u in node.users:
+        if u.kind is OpKind.VIEW and packet_name(u.op) in ("view", "_unsafe_view", "reshape"):
+            out += epilogue_users(u)
+        elif u.kind in (OpKind.POINTWISE, OpKind.BROADCAST):
+            out.append(u)
+    return out
+
+
+def choose_matmuls(graph: Graph, config: Config, ceilings: DeviceCeilings | None = None,
+                   measured: Mapping[Node, MatmulChoice] | None = None) -> dict[Node, MatmulChoice]:
+    """A choice for every contraction the template supports; `measured` overrides the model."""
+    ceilings = ceilings or builtin_for(None)
+    choices: dict[Node, MatmulChoice] = {}
+    for node in graph.ops():
+        if node.kind is not OpKind.CONTRACTION or matmul_refusal(node) is not None:
+            continue
+        choices[node] = (measured or {}).get(node) or predict(node, ceilings, config)
+    return choices

@@ -1,0 +1,192 @@
+"""Autotuning of the matmul template's tile (block sizes, warps, pipeline stages), and the
+measured strategy choice of `Config.profile_guided`.
+
+Each candidate tile (codegen/matmul.candidate_tiles) is compiled and timed on random inputs of the
+real shapes and strides with `triton.testing.do_bench` (CUDA events, L2 flushed between runs). A
+candidate that fails to compile, runs out of resources or spills registers scores as infinitely
+slow instead of raising. Tuning stops at `Config.autotune_budget_s` per kernel. Results persist in
+`cache_dir/autotune.json`, keyed by device, kernel source hash (which encodes shapes, strides,
+dtypes and the epilogue) and tile space, so a model is tuned once per machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from streamfuse.codegen.kernel import KernelSource, generate
+from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, heuristic_tile, with_tile
+from streamfuse.config import Config
+from streamfuse.fusion.groups import Group
+from streamfuse.fusion.planner import plan_fusion
+from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
+from streamfuse.ir.graph import Graph, Node
+from streamfuse.tune.ceilings import DeviceCeilings
+
+CACHE_FILE = "autotune.json"
+_memo: dict[Path, dict[str, Any]] = {}
+
+
+def random_operand(node: Node, device: torch.device) -> torch.Tensor:
+    """A random tensor with the node's shape, dtype and strides (never zeros)."""
+    assert node.dtype is not None
+    span = 1 + sum((s - 1) * st for s, st in zip(node.shape, node.strides, strict=True) if s > 0)
+    if node.dtype.is_floating_point:
+        base = torch.randn(span, device=device, dtype=torch.float32).to(node.dtype)
+    else:
+        base = torch.randint(1, 7, (span,), device=device).to(node.dtype)
+    return base.as_strided(node.shape, node.strides)
+
+
+def kernel_args(source: KernelSource, device: torch.device) -> list[Any]:
+    """Arguments for one launch of `source`: random inputs (with their strides) and fresh outputs."""
+    args: list[Any] = []
+    for node, dims in zip(source.inputs, source.input_stride_dims, strict=True):
+        t = random_operand(node, device)
+        args.append(t)
+        args.extend(t.stride(d) for d in dims)
+    args.extend(torch.empty(o.shape, dtype=o.dtype, device=device) for o in source.outputs)
+    return args + ([1234, 0] if source.rng else [])
+
+
+def time_tile(kernel: Any, source: KernelSource, args: list[Any]) -> float:
+    """Median µs of one launch with `source`'s tile; inf if it cannot compile, run or spills."""
+    import triton.testing
+
+    def launch() -> Any:
+        return kernel[source.grid](*args, num_warps=source.num_warps, num_stages=source.num_stages,
+                                   **source.constexprs)
+
+    try:
+        compiled = launch()
+        if getattr(compiled, "n_spills", 0):
+            return math.inf
+        return float(triton.testing.do_bench(launch, warmup=5, rep=20, return_mode="median")) * 1e3
+    except Exception:  # noqa: BLE001 - a failing candidate scores as infinitely slow, by design
+        return math.inf
+
+
+def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config, device: torch.device,
+                progress: bool = True) -> tuple[KernelSource, float]:
+    """The fastest tile for this kernel (from the disk cache when known) and its time in µs."""
+    tiles = candidate_tiles(group, config)
+    key = _key(source, tiles, device)
+    cached = _load(config.cache_dir).get(key)
+    if cached is not None:
+        tile = MatmulTile(*cached["tile"])
+        return with_tile(source, group, tile), float(cached["us"])
+    results: dict[MatmulTile, float] = {}
+    start = time.perf_counter()
+    # real tensors, even when called while torch.compile traces with fake ones
+    with unset_fake_temporarily(), _progress(progress and len(tiles) > 1, f"tuning {group.name}", len(tiles)) as step:
+        args = kernel_args(source, device)
+        for tile in tiles:
+            if time.perf_counter() - start > config.autotune_budget_s:
+                break
+            results[tile] = time_tile(kernel, with_tile(source, group, tile), args)
+            step()
+    best = min(results, key=results.__getitem__)
+    if math.isinf(results[best]):
+        # nothing compiled: keep the heuristic tile, whose launch will raise the real error
+        return with_tile(source, group, heuristic_tile(group, config)), math.inf
+    _store(config.cache_dir, key, {"tile": [best.block_m, best.block_n, best.block_k, best.num_warps,
+                                            best.num_stages, best.group_m], "us": results[best],
+                                   "tried": {str(t): (None if math.isinf(v) else v) for t, v in results.items()}})
+    return with_tile(source, group, best), results[best]
+
+
+def time_aten(node: Node, device: torch.device) -> float:
+    """Median µs of the contraction alone through ATen (cuBLAS) on random operands."""
+    import triton.testing
+
+    with unset_fake_temporarily():
+        args = [random_operand(a, device) if isinstance(a, Node) else a for a in node.args]
+        fn: Callable[[], Any] = lambda: node.target(*args, **node.kwargs)  # noqa: E731
+        return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")) * 1e3
+
+
+def measure_choices(graph: Graph, config: Config, ceilings: DeviceCeilings, device: torch.device,
+                    load: Callable[[KernelSource], Any]) -> dict[Node, MatmulChoice]:
+    """Config.profile_guided: each supported contraction timed both ways on this GPU. The template
+    is planned with its epilogue, tuned and timed; cuBLAS is timed alone, plus the cost model's
+    epilogue kernel (bytes / bandwidth + one launch in a graph)."""
+    modelled = choose_matmuls(graph, config, ceilings)
+    plan = plan_fusion(graph, config.replace(matmul_strategy="triton"), modelled)
+    measured: dict[Node, MatmulChoice] = {}
+    for group in plan.groups:
+        node = group.contraction
+        if node is None:
+            continue
+        source = generate(group, config, "cuda", ceilings.sm_count)
+        _, triton_us = tune_matmul(group, source, load(source), config, device)
+        cublas_us = time_aten(node, device)
+        model = modelled[node]
+        measured[node] = decide(cublas_us, model.epilogue_us, triton_us, measured=True,
+                                has_epilogue=len(group.nodes) > 1, config=config)
+    return {**modelled, **measured}
+
+
+def _key(source: KernelSource, tiles: list[MatmulTile], device: torch.device) -> str:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    space = ";".join(str(t) for t in tiles)
+    return f"{name}|{source.fn_name}|{_digest(space)}"
+
+
+def _digest(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _load(cache_dir: Path) -> dict[str, Any]:
+    path = cache_dir / CACHE_FILE
+    if path not in _memo:
+        try:
+            data = json.loads(path.read_text())
+            _memo[path] = data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            _memo[path] = {}
+    return _memo[path]
+
+
+def _store(cache_dir: Path, key: str, value: dict[str, Any]) -> None:
+    path = cache_dir / CACHE_FILE
+    data = _load(cache_dir)
+    data[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache only costs re-tuning next time
+
+
+class _progress:
+    """A rich progress bar over the candidates (nothing when disabled)."""
+
+    def __init__(self, show: bool, label: str, total: int):
+        self.show, self.label, self.total = show, label, total
+        self.bar: Any = None
+
+    def __enter__(self) -> Callable[[], None]:
+        if not self.show:
+            return lambda: None
+        from rich.progress import Progress
+
+        self.bar = Progress(transient=True)
+        self.bar.start()
+        task = self.bar.add_task(self.label, total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

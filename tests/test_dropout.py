@@ -1,0 +1,89 @@
+"""Training-mode dropout: counter-based random numbers fused into the kernels around them (ir/rng.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import randn
+
+import streamfuse
+from streamfuse.fusion.groups import GroupKind
+
+
+def _model(p: float) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Dropout(p)).train()
+
+
+@pytest.mark.parametrize("strategy", ["triton", "cublas"])
+def test_dropout_fuses_and_keeps_the_rate(strategy: str, config, device) -> None:  # type: ignore[no-untyped-def]
+    p = 0.3
+    model = _model(p).to(device)
+    x = randn(128, 64, device=device)
+    compiled = streamfuse.compile(model, (x,), config.replace(matmul_strategy=strategy, seed=11))
+    kinds = [g.kind for g in compiled.plan.groups if g.kind is not GroupKind.ALIAS]
+    # GEMM + bias + GELU + dropout: one template kernel, or cuBLAS and one epilogue kernel
+    assert kinds == ([GroupKind.MATMUL] if strategy == "triton" else [GroupKind.ATEN, GroupKind.POINTWISE])
+    assert "random numbers" in (compiled.graph_skip or "") or device.type != "cuda"
+    y = F.gelu(model[0](x))
+    out = compiled(x)
+    keep = out != 0
+    n = keep.numel()
+    rate = keep.float().mean().item()
+    assert abs(rate - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)  # 5 sigma of a binomial
+    torch.testing.assert_close(out[keep], (y / (1 - p))[keep], rtol=1e-5, atol=1e-5)
+
+
+def test_same_seed_same_masks_and_fresh_mask_per_call(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = _model(0.5).to(device)
+    x = randn(32, 64, device=device)
+    a = streamfuse.compile(model, (x,), config.replace(seed=5))
+    b = streamfuse.compile(model, (x,), config.replace(seed=5))
+    c = streamfuse.compile(model, (x,), config.replace(seed=6))
+    first, second = a(x), a(x)
+    assert not torch.equal(first != 0, second != 0)  # each call draws a fresh mask
+    assert torch.equal(b(x), first) and torch.equal(b(x), second)  # the seed reproduces the sequence
+    assert not torch.equal(c(x) != 0, first != 0)
+
+
+def test_seed_defaults_to_torch_generator(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = _model(0.5).to(device)
+    x = randn(32, 64, device=device)
+    torch.manual_seed(123)
+    a = streamfuse.compile(model, (x,), config)(x)
+    torch.manual_seed(123)
+    b = streamfuse.compile(model, (x,), config)(x)
+    assert torch.equal(a, b)
+
+
+def test_zero_p_and_eval_mode_are_the_identity(config, device) -> None:  # type: ignore[no-untyped-def]
+    x = randn(16, 64, device=device)
+    for model in (_model(0.0).to(device), _model(0.4).to(device).eval()):
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_backward_uses_the_same_mask(config, device) -> None:  # type: ignore[no-untyped-def]
+    """Through torch.compile, the mask native_dropout returns feeds the backward: the gradient of
+    sum(dropout(x)) is exactly mask / (1 - p)."""
+    p = 0.25
+    backend = streamfuse.make_backend(config.replace(seed=3))
+    fn = torch.compile(lambda t: F.dropout(t, p, training=True), backend=backend)
+    x = randn(64, 48, device=device).requires_grad_(True)
+    out = fn(x)
+    out.sum().backward()
+    keep = out.detach() != 0
+    assert 0.6 < keep.float().mean().item() < 0.9
+    torch.testing.assert_close(x.grad, keep.float() / (1 - p))
+
+
+def test_reference_executor_is_deterministic_too(config) -> None:  # type: ignore[no-untyped-def]
+    model = _model(0.5)
+    x = randn(32, 64)
+    ref = config.replace(executor="reference", seed=9)
+    a, b = streamfuse.compile(model, (x,), ref), streamfuse.compile(model, (x,), ref)
+    assert torch.equal(a(x), b(x))
+    assert 0.35 < (a(x) != 0).float().mean().item() < 0.65

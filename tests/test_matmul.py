@@ -1,0 +1,145 @@
+"""The matmul template with fused epilogues (GroupKind.MATMUL), against float64 references.
+
+On CPU the generated kernels run in Triton's interpreter; on the device machine the same tests
+run compiled on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import TOLERANCE, compile_and_check, randn
+
+from streamfuse import Config
+from streamfuse.fusion.groups import GroupKind
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+EPILOGUES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "scale": lambda y: y * 0.125,
+}
+
+
+def _triton(config: Config) -> Config:
+    return config.replace(matmul_strategy="triton")
+
+
+def _kinds(compiled) -> list[GroupKind]:  # type: ignore[no-untyped-def]
+    return [g.kind for g in compiled.plan.groups if g.kind is not GroupKind.ALIAS]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", list(EPILOGUES))
+def test_linear_bias_activation_is_one_kernel(act: str, dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
+    lin = torch.nn.Linear(40, 48).to(device=device, dtype=dtype)
+    fn = lambda x: EPILOGUES[act](lin(x))
+    compiled = compile_and_check(fn, [randn(37, 40, dtype=dtype, device=device)], _triton(config))
+    assert _kinds(compiled) == [GroupKind.MATMUL]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_three_dim_linear_with_residual_and_cast(dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
+    lin = torch.nn.Linear(32, 24).to(device=device, dtype=dtype)
+    fn = lambda x, r: (F.gelu(lin(x)) + r).float()
+    inputs = [randn(3, 5, 32, dtype=dtype, device=device), randn(3, 5, 24, dtype=dtype, device=device, seed=2)]
+    # the result is float32 but computed in `dtype`: compare at `dtype`'s tolerance
+    scale = TOLERANCE[dtype][0] / TOLERANCE[torch.float32][0]
+    compiled = compile_and_check(fn, inputs, _triton(config), scale=scale)
+    assert _kinds(compiled) == [GroupKind.MATMUL]
+
+
+def test_mm_without_bias_and_addmm_with_alpha_beta(config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(24, 16, device=device, seed=3)
+    b = randn(16, device=device, seed=4)
+    fn = lambda x: (torch.relu(x @ w), torch.addmm(b, x, w, beta=0.5, alpha=2.0).sigmoid())
+    compiled = compile_and_check(fn, [randn(9, 24, device=device)], _triton(config))
+    assert _kinds(compiled) == [GroupKind.MATMUL, GroupKind.MATMUL]
+
+
+def test_product_needed_outside_is_stored_too(config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(16, 20, device=device, seed=5)
+    fn = lambda x: (lambda y: (y, torch.tanh(y) * 3.0))(x @ w)
+    compiled = compile_and_check(fn, [randn(18, 16, device=device)], _triton(config))
+    assert _kinds(compiled) == [GroupKind.MATMUL]
+    assert len(compiled.plan.groups[-1].outputs) == 2
+
+
+def test_strided_operands_are_read_in_place(config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(20, 16, device=device, seed=6)
+    fn = lambda x: F.silu(x.t() @ w.t())  # both operands transposed views
+    compiled = compile_and_check(fn, [randn(16, 12, device=device)], _triton(config))
+    assert _kinds(compiled) == [GroupKind.MATMUL]
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 40, 40), (16, 16, 16), (65, 33, 130), (128, 64, 96)])
+def test_edge_shapes(m: int, n: int, k: int, config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(k, n, device=device, seed=7)
+    fn = lambda x: torch.relu(x @ w) + 1.0
+    compile_and_check(fn, [randn(m, k, device=device)], _triton(config))
+
+
+def test_cublas_strategy_is_cublas_plus_one_epilogue_kernel(config, device) -> None:  # type: ignore[no-untyped-def]
+    lin = torch.nn.Linear(40, 48).to(device)
+    fn = lambda x: F.gelu(lin(x))
+    compiled = compile_and_check(fn, [randn(8, 40, device=device)], config.replace(matmul_strategy="cublas"))
+    assert _kinds(compiled) == [GroupKind.ATEN, GroupKind.POINTWISE]
+    assert compiled.stats["kernels"] <= 2
+
+
+def test_auto_strategy_records_its_reason(config, device) -> None:  # type: ignore[no-untyped-def]
+    lin = torch.nn.Linear(40, 48).to(device)
+    compiled = compile_and_check(lambda x: F.gelu(lin(x)), [randn(8, 40, device=device)], config)
+    (choice,) = compiled.plan.matmul_choices.values()
+    assert choice.strategy in ("triton", "cublas")
+    assert "us" in choice.reason and choice.strategy in choice.reason
+    assert compiled.stats["kernels"] <= 2
+    assert "Triton template" in compiled.explain()
+
+
+def test_no_epilogue_means_cublas_alone(config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(16, 20, device=device, seed=8)
+    compiled = compile_and_check(lambda x: x @ w, [randn(8, 16, device=device)], config)
+    assert _kinds(compiled) == [GroupKind.ATEN]
+
+
+def test_prologue_and_reduction_epilogue_are_refused_with_reasons(config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(16, 20, device=device, seed=9)
+    fn = lambda x: (torch.relu(x) @ w).sum(dim=1)
+    compiled = compile_and_check(fn, [randn(8, 16, device=device)], _triton(config))
+    reasons = " | ".join(r.reason for r in compiled.plan.refusals)
+    assert "prologue" in reasons
+    assert "reduction in a matmul epilogue" in reasons
+
+
+def test_broadcasting_the_product_is_refused(config, device) -> None:  # type: ignore[no-untyped-def]
+    w = randn(16, 1, device=device, seed=10)
+    fn = lambda x, y: torch.relu(x @ w) * y  # [8, 1] product broadcast over [8, 12]
+    compiled = compile_and_check(fn, [randn(8, 16, device=device), randn(8, 12, device=device, seed=11)],
+                                 _triton(config))
+    assert any("matmul" in r.reason for r in compiled.plan.refusals)
+
+
+def test_template_tiles_and_candidates_respect_shared_memory(config) -> None:  # type: ignore[no-untyped-def]
+    from streamfuse.codegen.matmul import candidate_tiles, heuristic_tile
+
+    lin = torch.nn.Linear(4096, 4096).to(torch.bfloat16)
+    compiled = __import__("streamfuse").compile(lambda x: F.gelu(lin(x)),
+                                                (randn(512, 4096, dtype=torch.bfloat16),),
+                                                _triton(config).replace(executor="reference"))
+    group = next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
+    tiles = candidate_tiles(group, config)
+    assert len(tiles) >= 8 and len(set(tiles)) == len(tiles)
+    assert all(t.shared_bytes(2) <= config.matmul_max_shared_bytes for t in tiles)
+    small = candidate_tiles(group, config.replace(matmul_max_shared_bytes=64 * 1024))
+    assert 0 < len(small) < len(tiles)
+    assert heuristic_tile(group, config).block_m == 128
