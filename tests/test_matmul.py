@@ -143,3 +143,25 @@ def test_template_tiles_and_candidates_respect_shared_memory(config) -> None:  #
     small = candidate_tiles(group, config.replace(matmul_max_shared_bytes=64 * 1024))
     assert 0 < len(small) < len(tiles)
     assert heuristic_tile(group, config).block_m == 128
+
+
+@pytest.mark.gpu
+def test_autotuning_picks_a_correct_tile_and_caches_it(config) -> None:  # type: ignore[no-untyped-def]
+    import math
+
+    from streamfuse.tune import autotune
+
+    lin = torch.nn.Linear(256, 384).to(device="cuda", dtype=torch.bfloat16)
+    x = randn(96, 256, dtype=torch.bfloat16, device="cuda")
+    compiled = compile_and_check(lambda t: F.gelu(lin(t)), [x], _triton(config))
+    group = next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
+    kernel = compiled.steps[compiled.plan.groups.index(group)].kernel
+    source, us = autotune.tune_matmul(group, compiled.sources[group.id], kernel, config, torch.device("cuda"))
+    assert math.isfinite(us) and source.constexprs == compiled.sources[group.id].constexprs  # from the cache
+    key = next(k for k in autotune._load(config.cache_dir) if source.fn_name in k)
+    tried = autotune._load(config.cache_dir)[key]["tried"]
+    assert len(tried) >= 8 and min(v for v in tried.values() if v is not None) == pytest.approx(us)
+    # a tile whose results disagree with the expected ones scores as infinitely slow
+    args = autotune.kernel_args(source, torch.device("cuda"))
+    wrong = [torch.full_like(t, 7.0) for t in autotune._outputs(source, args)]
+    assert math.isinf(autotune.time_tile(kernel, source, args, wrong))

@@ -3,8 +3,9 @@ measured strategy choice of `Config.profile_guided`.
 
 Each candidate tile (codegen/matmul.candidate_tiles) is compiled and timed on random inputs of the
 real shapes and strides with `triton.testing.do_bench` (CUDA events, L2 flushed between runs). A
-candidate that fails to compile, runs out of resources or spills registers scores as infinitely
-slow instead of raising. Tuning stops at `Config.autotune_budget_s` per kernel. Results persist in
+candidate that fails to compile, runs out of resources, spills registers or disagrees with the
+heuristic tile's results scores as infinitely slow instead of raising. Tuning stops at
+`Config.autotune_budget_s` per kernel. Results persist in
 `cache_dir/autotune.json`, keyed by device, kernel source hash (which encodes shapes, strides,
 dtypes and the epilogue) and tile space, so a model is tuned once per machine.
 """
@@ -57,8 +58,13 @@ def kernel_args(source: KernelSource, device: torch.device) -> list[Any]:
     return args + ([1234, 0] if source.rng else [])
 
 
-def time_tile(kernel: Any, source: KernelSource, args: list[Any]) -> float:
-    """Median µs of one launch with `source`'s tile; inf if it cannot compile, run or spills."""
+# how far a candidate tile's results may move from the heuristic tile's (summation order differs)
+AGREE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list[torch.Tensor] | None) -> float:
+    """Median µs of one launch with `source`'s tile; inf if it cannot compile, run, spills, or
+    computes something else than `expected` (the heuristic tile's outputs): never a wrong fast tile."""
     import triton.testing
 
     def launch() -> Any:
@@ -69,9 +75,24 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any]) -> float:
         compiled = launch()
         if getattr(compiled, "n_spills", 0):
             return math.inf
+        if expected is not None and not _agrees(_outputs(source, args), expected):
+            return math.inf
         return float(triton.testing.do_bench(launch, warmup=5, rep=20, return_mode="median")) * 1e3
     except Exception:  # noqa: BLE001 - a failing candidate scores as infinitely slow, by design
         return math.inf
+
+
+def _outputs(source: KernelSource, args: list[Any]) -> list[torch.Tensor]:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return tensors[len(source.inputs):]
+
+
+def _agrees(got: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
+    for g, e in zip(got, expected, strict=True):
+        tol = AGREE.get(e.dtype, 0.0)
+        if not torch.allclose(g.float(), e.float(), rtol=tol, atol=tol, equal_nan=True):
+            return False
+    return True
 
 
 def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config, device: torch.device,
@@ -88,10 +109,14 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
     # real tensors, even when called while torch.compile traces with fake ones
     with unset_fake_temporarily(), _progress(progress and len(tiles) > 1, f"tuning {group.name}", len(tiles)) as step:
         args = kernel_args(source, device)
+        reference = with_tile(source, group, heuristic_tile(group, config))
+        expected = None
+        if math.isfinite(time_tile(kernel, reference, args, None)):
+            expected = [t.clone() for t in _outputs(reference, args)]
         for tile in tiles:
             if time.perf_counter() - start > config.autotune_budget_s:
                 break
-            results[tile] = time_tile(kernel, with_tile(source, group, tile), args)
+            results[tile] = time_tile(kernel, with_tile(source, group, tile), args, expected)
             step()
     best = min(results, key=results.__getitem__)
     if math.isinf(results[best]):
