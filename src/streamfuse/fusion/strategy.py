@@ -10,7 +10,8 @@ The cost model is a roofline with a launch cost, on the device's ceilings (tune/
 
 so the template wins where the epilogue's round trip through memory and its launch cost more than
 the template's lower arithmetic rate: small and medium M, wide epilogues. A contraction without a
-pointwise consumer always runs through cuBLAS (nothing to fuse).
+pointwise consumer always runs through cuBLAS (nothing to fuse), and so does a float32 product
+(the template's IEEE path has no tensor cores) unless measured faster.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+import torch
 
 from streamfuse.config import Config
 from streamfuse.fusion.legality import matmul_operands, matmul_refusal
@@ -40,12 +43,16 @@ class MatmulChoice:
     measured: bool
     """True where cublas_us and triton_us were measured on the GPU (profile_guided)."""
 
+    rule: str = ""
+    """Why the strategy differs from what the times alone say (forced, no epilogue, float32)."""
+
     @property
     def reason(self) -> str:
         how = "measured" if self.measured else "predicted"
-        cmp = "<" if self.strategy == "triton" else ">="
+        cmp = "<" if self.triton_us < self.cublas_us + self.epilogue_us else ">="
+        rule = f" ({self.rule})" if self.rule else ""
         return (f"{how}: Triton template + epilogue {self.triton_us:.1f} us {cmp} cuBLAS {self.cublas_us:.1f} us "
-                f"+ epilogue kernel {self.epilogue_us:.1f} us -> {self.strategy}")
+                f"+ epilogue kernel {self.epilogue_us:.1f} us -> {self.strategy}{rule}")
 
 
 def matmul_dims(node: Node) -> tuple[int, int, int]:
@@ -68,18 +75,26 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     epilogue = (2.0 * node.numel * node.itemsize / bw + launch) if has_epilogue else 0.0
     eff = config.triton_matmul_efficiency
     triton = max(flops / (rate * eff), operand_bytes / (bw * eff)) + launch
-    return decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config)
+    return decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,
+                  tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32)
 
 
 def decide(cublas_us: float, epilogue_us: float, triton_us: float, measured: bool, has_epilogue: bool,
-           config: Config) -> MatmulChoice:
+           config: Config, tensor_cores: bool = True) -> MatmulChoice:
+    """`tensor_cores`: False for float32 products, whose IEEE template runs on the CUDA cores: on the
+    H200 it made 4 MLPs (d=1024, batch 1) 2-4x slower than cuBLAS (PERF.md run 16), so "auto" keeps
+    cuBLAS for them unless a measurement (profile_guided) says otherwise."""
+    rule = ""
     if config.matmul_strategy != "auto":
         strategy: Strategy = config.matmul_strategy
+        rule = f"forced by Config.matmul_strategy={strategy!r}"
     elif not has_epilogue:
-        strategy = "cublas"
+        strategy, rule = "cublas", "no pointwise epilogue to fuse"
+    elif not tensor_cores and not measured:
+        strategy, rule = "cublas", "float32: the template's IEEE products run without tensor cores"
     else:
         strategy = "triton" if triton_us < cublas_us + epilogue_us else "cublas"
-    return MatmulChoice(strategy, cublas_us, epilogue_us, triton_us, measured)
+    return MatmulChoice(strategy, cublas_us, epilogue_us, triton_us, measured, rule)
 
 
 def epilogue_users(node: Node) -> list[Node]:

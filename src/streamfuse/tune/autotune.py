@@ -40,11 +40,14 @@ def random_operand(node: Node, device: torch.device) -> torch.Tensor:
     """A random tensor with the node's shape, dtype and strides (never zeros)."""
     assert node.dtype is not None
     span = 1 + sum((s - 1) * st for s, st in zip(node.shape, node.strides, strict=True) if s > 0)
+    # drawn on the CPU with a private generator: the device's default generator may be registered
+    # with a CUDA-graph capture (or have failed one), and tuning must not move the user's RNG state
+    gen = torch.Generator().manual_seed(span)
     if node.dtype.is_floating_point:
-        base = torch.randn(span, device=device, dtype=torch.float32).to(node.dtype)
+        base = torch.randn(span, generator=gen, dtype=torch.float32).to(node.dtype)
     else:
-        base = torch.randint(1, 7, (span,), device=device).to(node.dtype)
-    return base.as_strided(node.shape, node.strides)
+        base = torch.randint(1, 7, (span,), generator=gen).to(node.dtype)
+    return base.to(device).as_strided(node.shape, node.strides)
 
 
 def kernel_args(source: KernelSource, device: torch.device) -> list[Any]:
