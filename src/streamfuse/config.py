@@ -51,6 +51,10 @@ class Config:
     """Prior for the cost model: the fraction of cuBLAS's arithmetic rate and bandwidth a tuned Triton
     template reaches. Measured on the H200 (bf16 4096x4096, PERF.md): 0.66 at batch 4096, 0.81 at 512,
     0.70 of cuBLAS's bandwidth at batch 8."""
+    triton_matmul_k_step_us: float = 0.8
+    """Prior for the cost model: latency of one K step of the template when too few programs run to
+    hide it (skinny products). Measured on the H200: bf16 [8, 4096] @ [4096, 4096] took 13.1 us over
+    16 steps of 256."""
     profile_guided: bool = False
     """On CUDA, decide each matmul's strategy by timing both on the GPU at compile time."""
     # --- resources (the seeds' defaults; issue 3 enforces the occupancy rule) ----------

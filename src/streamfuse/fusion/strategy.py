@@ -6,7 +6,8 @@ The cost model is a roofline with a launch cost, on the device's ceilings (tune/
 
     cuBLAS:  max(flops / rate, operand bytes / bw) + launch
              + epilogue kernel: (read the product + write the result) / bw + launch
-    Triton:  max(flops / (rate * e), operand bytes / (bw * e)) + launch,  e = triton_matmul_efficiency
+    Triton:  max(flops / (rate * e), operand bytes / (bw * e), K steps * step latency) + launch,
+             e = triton_matmul_efficiency; a skinny product waits on each K step's loads in turn
 
 so the template wins where the epilogue's round trip through memory and its launch cost more than
 the template's lower arithmetic rate: small and medium M, wide epilogues. A contraction without a
@@ -16,6 +17,7 @@ pointwise consumer always runs through cuBLAS (nothing to fuse), and so does a f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -74,7 +76,8 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     has_epilogue = bool(epilogue_users(node))
     epilogue = (2.0 * node.numel * node.itemsize / bw + launch) if has_epilogue else 0.0
     eff = config.triton_matmul_efficiency
-    triton = max(flops / (rate * eff), operand_bytes / (bw * eff)) + launch
+    k_steps = math.ceil(k / (256 if node.itemsize <= 2 else 128))  # the deepest K tile the tuner tries
+    triton = max(flops / (rate * eff), operand_bytes / (bw * eff), k_steps * config.triton_matmul_k_step_us) + launch
     return decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,
                   tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32)
 
