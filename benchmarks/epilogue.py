@@ -33,15 +33,7 @@ from streamfuse import Config
 from streamfuse.fusion.groups import GroupKind
 from streamfuse.profile.timing import time_cuda_us, time_graph_us
 
-
-def rotating(fn: Callable[..., Any], sets: list[tuple[torch.Tensor, ...]]) -> Callable[[], Any]:
-    state = {"i": 0}
-
-    def call() -> Any:
-        state["i"] = (state["i"] + 1) % len(sets)
-        return fn(*sets[state["i"]])
-
-    return call
+from foundation import rotating  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def max_err(out: Any, ref: torch.Tensor) -> float:
@@ -55,8 +47,8 @@ def linear_gelu(config: Config) -> list[dict[str, Any]]:
     dtype = torch.bfloat16
     lin = torch.nn.Linear(4096, 4096).to(device="cuda", dtype=dtype)
     w, b = lin.weight.detach(), lin.bias.detach()
-    gemm = lambda x: F.linear(x, w, b)  # noqa: E731
-    eager = lambda x: F.gelu(F.linear(x, w, b))  # noqa: E731
+    gemm = lambda x: F.linear(x, w, b)
+    eager = lambda x: F.gelu(F.linear(x, w, b))
     for batch in (8, 512, 4096):
         sets = [(torch.randn(batch, 4096, device="cuda", dtype=dtype),) for _ in range(3)]
         fns: dict[str, Callable[..., Any]] = {"cuBLAS GEMM alone": gemm, "eager GEMM+GELU": eager}
