@@ -28,12 +28,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foundation import rotating
+
 import streamfuse
 from streamfuse import Config
 from streamfuse.fusion.groups import GroupKind
 from streamfuse.profile.timing import time_cuda_us, time_graph_us
-
-from foundation import rotating  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def max_err(out: Any, ref: torch.Tensor) -> float:

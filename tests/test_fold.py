@@ -245,3 +245,11 @@ def test_channels_last_weights_keep_their_layout(config) -> None:  # type: ignor
     weight = on.graph.constants[conv.args[1]]
     assert weight.is_contiguous(memory_format=torch.channels_last) and conv.args[1].strides == weight.stride()
     assert [g.kind for g in on.plan.groups].count(GroupKind.POINTWISE) == 1
+
+
+def test_explain_says_what_was_folded(config) -> None:  # type: ignore[no-untyped-def]
+    model = conv_bn(nn.Conv2d(3, 8, 3, padding=1), 8)
+    on = check(model, randn(2, 3, 10, 10), config, fold=True)
+    off = check(model, randn(2, 3, 10, 10), config, fold=False)
+    assert "batch-norm after %convolution folded into its weights" in on.explain(source=False)
+    assert "graph rewrites" not in off.explain(source=False)

@@ -68,7 +68,11 @@ def test_mm_without_bias_and_addmm_with_alpha_beta(config, device) -> None:  # t
 
 def test_product_needed_outside_is_stored_too(config, device) -> None:  # type: ignore[no-untyped-def]
     w = randn(16, 20, device=device, seed=5)
-    fn = lambda x: (lambda y: (y, torch.tanh(y) * 3.0))(x @ w)
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x @ w
+        return y, torch.tanh(y) * 3.0
+
     compiled = compile_and_check(fn, [randn(18, 16, device=device)], _triton(config))
     assert _kinds(compiled) == [GroupKind.MATMUL]
     assert len(compiled.plan.groups[-1].outputs) == 2

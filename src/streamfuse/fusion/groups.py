@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamfuse.ir.graph import Graph, Node
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 import networkx as nx
 
 from streamfuse.config import Config
+from streamfuse.fusion.geometry import SPLITS, Resources, estimate, resource_refusal
 from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal
 from streamfuse.fusion.horizontal import pack_horizontal
-from streamfuse.fusion.geometry import SPLITS, Resources, estimate, resource_refusal
 from streamfuse.fusion.legality import KernelShape, check_group, node_refusal
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls
 from streamfuse.ir.graph import Graph, Node

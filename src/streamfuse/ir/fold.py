@@ -275,6 +275,8 @@ def _rewrite(graph: Graph, m: _Match, weight: torch.Tensor, bias: torch.Tensor) 
     graph.nodes = [n for n in nodes if n not in removed]
     graph.link_users()
     _drop_unread_constants(graph, [m.weight, m.bias, m.gamma, m.beta, m.mean, m.var])
+    graph.notes.append(f"batch-norm after %{m.conv.name} folded into its weights, its bias added in the epilogue "
+                       "(a snapshot taken at compile time: compile again after changing the parameters)")
 
 
 def _op_node(name: str, target: Any, args: tuple, shape: tuple[int, ...], dtype: torch.dtype | None,

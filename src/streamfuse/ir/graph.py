@@ -94,6 +94,8 @@ class Graph:
     views of those that the runtime takes once."""
     source_ops: int = 0
     """aten ops in the captured graph (before streamfuse's own lowerings; getitem excluded)."""
+    notes: list[str] = field(default_factory=list)
+    """Graph rewrites a user should know about (e.g. batch-norm folded into weights), for explain()."""
 
     def __post_init__(self) -> None:
         self.link_users()
@@ -159,4 +161,4 @@ def disjoint_union(graphs: list[Graph], prefixes: list[str]) -> Graph:
         outputs += g.outputs
         constants.update(g.constants)
     return Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants,
-                 source_ops=sum(g.source_ops for g in graphs))
+                 source_ops=sum(g.source_ops for g in graphs), notes=[n for g in graphs for n in g.notes])

@@ -92,6 +92,8 @@ def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
         "kernels, in launch order:",
     ]
     out += [_describe(g, compiled) for g in plan.groups]
+    if compiled.graph.notes:
+        out += ["", "graph rewrites:"] + [f"  {note}" for note in compiled.graph.notes]
     out += ["", *_schedule_lines(compiled)]
     out += ["", f"refused fusions ({len(plan.refusals)}):"]
     out += [f"  {r}" for r in plan.refusals] or ["  (none)"]

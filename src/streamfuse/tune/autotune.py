@@ -137,7 +137,7 @@ def time_aten(node: Node, device: torch.device) -> float:
 
     with unset_fake_temporarily():
         args = [random_operand(a, device) if isinstance(a, Node) else a for a in node.args]
-        fn: Callable[[], Any] = lambda: node.target(*args, **node.kwargs)  # noqa: E731
+        fn: Callable[[], Any] = lambda: node.target(*args, **node.kwargs)
         return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")) * 1e3
 
 
