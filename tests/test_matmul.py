@@ -169,3 +169,26 @@ def test_autotuning_picks_a_correct_tile_and_caches_it(config) -> None:  # type:
     args = autotune.kernel_args(source, torch.device("cuda"))
     wrong = [torch.full_like(t, 7.0) for t in autotune._outputs(source, args)]
     assert math.isinf(autotune.time_tile(kernel, source, args, wrong))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bmm_with_epilogue(dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda a, b, r: torch.relu(torch.bmm(a, b) * 0.5 + r)
+    inputs = [randn(3, 20, 24, dtype=dtype, device=device), randn(3, 24, 18, dtype=dtype, device=device, seed=1),
+              randn(3, 20, 18, dtype=dtype, device=device, seed=2)]
+    compiled = compile_and_check(fn, inputs, _triton(config))
+    assert _kinds(compiled) == [GroupKind.MATMUL]
+
+
+def test_attention_scores_fuse_their_scale(config, device) -> None:  # type: ignore[no-untyped-def]
+    """q @ k^T over [batch, heads, T, D] becomes a bmm of stacked heads read in place (k transposed by
+    strides); the scale and the additive mask fuse into the softmax's prologue, so the whole thing is
+    two launches, and the refusal says why the softmax is not in the matmul's epilogue."""
+    fn = lambda q, k, m: torch.softmax(q @ k.transpose(-1, -2) * 0.125 + m, dim=-1)
+    inputs = [randn(2, 3, 10, 16, device=device), randn(2, 3, 10, 16, device=device, seed=1),
+              randn(10, 10, device=device, seed=2)]
+    compiled = compile_and_check(fn, inputs, _triton(config))
+    assert _kinds(compiled) == [GroupKind.MATMUL, GroupKind.REDUCTION]
+    softmax = compiled.plan.groups[-1]
+    assert {"aten.mul.Tensor", "aten.add.Tensor"} <= {n.op for n in softmax.nodes}
+    assert any("reduction in a matmul epilogue" in r.reason for r in compiled.plan.refusals)

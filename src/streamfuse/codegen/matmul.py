@@ -23,8 +23,7 @@ from streamfuse.codegen.pointwise_ops import Operand
 from streamfuse.codegen.types import TL_DTYPE
 from streamfuse.config import Config
 from streamfuse.fusion.groups import Group
-from streamfuse.fusion.legality import matmul_operands
-from streamfuse.fusion.strategy import matmul_dims
+from streamfuse.fusion.legality import matmul_dims, matmul_operands
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import Expr, Index, broadcast_index, delinearize
 
@@ -54,13 +53,16 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
     mm = group.contraction
     assert mm is not None and mm.dtype is not None
     a, b = matmul_operands(mm)
-    m, n, k = matmul_dims(mm)
+    batch, m, n, k = matmul_dims(mm)
+    batched = len(a.shape) == 3
     em = Emitter(group, target, masks={frozenset({"rm"}): "mmask", frozenset({"rn"}): "nmask",
                                        frozenset({"rm", "rn"}): "mask"})
     wide = needs_int64(group, m * n) or max(a.numel, b.numel) > INT32_LIMIT
-    sa0, sa1 = _strides(em, a)
-    sb0, sb1 = _strides(em, b)
+    *sa_batch, sa0, sa1 = _strides(em, a)
+    *sb_batch, sb0, sb1 = _strides(em, b)
     pa, pb = f"in{em.input_slot[a]}_ptr", f"in{em.input_slot[b]}_ptr"
+    if batched:  # one batch per range of programs; each operand's batch offset moves its base pointer
+        pa, pb = f"({pa} + pid_b * {sa_batch[0]})", f"({pb} + pid_b * {sb_batch[0]})"
     precision = "" if mm.dtype != torch.float32 else (
         ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else ', input_precision="ieee"')
     # Triton's CPU interpreter multiplies bf16 tiles wrongly (numpy has no bf16): widen them there;
@@ -70,6 +72,8 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
         "pid = tl.program_id(0)",
         f"n_pid_m = tl.cdiv({m}, BLOCK_M)",
         f"n_pid_n = tl.cdiv({n}, BLOCK_N)",
+        *([f"pid_b = (pid // (n_pid_m * n_pid_n)){'.to(tl.int64)' if wide else ''}",
+           "pid = pid % (n_pid_m * n_pid_n)"] if batched else []),
         "per_group = GROUP_M * n_pid_n",
         "first_m = (pid // per_group) * GROUP_M",
         "group_rows = tl.minimum(n_pid_m - first_m, GROUP_M)",
@@ -93,9 +97,9 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
         f"    acc = tl.dot({operands}, acc{precision})",
         f"    a_ptrs += BLOCK_K * {sa1}",
         f"    b_ptrs += BLOCK_K * {sb0}",
-        "rm = offs_m[:, None]",
+        f"rm = {f'pid_b * {m} + ' if batched else ''}offs_m[:, None]",  # row of the [batch * M, N] product
         "rn = offs_n[None, :]",
-        f"mmask = rm < {m}",
+        f"mmask = offs_m[:, None] < {m}",
         f"nmask = rn < {n}",
         "mask = mmask & nmask",
     ]
@@ -107,10 +111,10 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
     return em.finish("mm", TILE_PARAMS, grid=(1,), num_warps=4, constexprs={})
 
 
-def _strides(em: Emitter, operand: Node) -> tuple[str, str]:
-    """Stride parameter names of a matrix operand ("0" for a dim of size 1, which has none)."""
+def _strides(em: Emitter, operand: Node) -> tuple[str, ...]:
+    """Stride parameter names of an operand, one per dim ("0" for a dim of size 1, which has none)."""
     slot = em.input_slot[operand]
-    return tuple(f"in{slot}_s{d}" if operand.shape[d] != 1 else "0" for d in range(2))  # type: ignore[return-value]
+    return tuple(f"in{slot}_s{d}" if size != 1 else "0" for d, size in enumerate(operand.shape))
 
 
 def _product(em: Emitter, mm: Node, tile_index: Index) -> Operand:
@@ -131,7 +135,8 @@ def _product(em: Emitter, mm: Node, tile_index: Index) -> Operand:
 
 
 def _index_in(em: Emitter, shape: tuple[int, ...], tile_index: Index) -> Index:
-    """The tile's index in a reshape of it that keeps the last dim ([B, T, N] for an [M, N] tile)."""
+    """The tile's index in a reshape of it that keeps the last dim ([B, T, N] for an [M, N] tile;
+    tile rows count through the batches of a bmm)."""
     if len(shape) == 2:
         return tile_index
     rows = em.hoist(delinearize(tile_index[0], shape[:-1]), "xm")
@@ -141,7 +146,7 @@ def _index_in(em: Emitter, shape: tuple[int, ...], tile_index: Index) -> Index:
 def with_tile(source: KernelSource, group: Group, tile: MatmulTile) -> KernelSource:
     """The source with `tile`'s launch configuration (grid, warps, stages, constexprs)."""
     assert group.contraction is not None
-    k = matmul_dims(group.contraction)[2]
+    k = matmul_dims(group.contraction)[3]
     constexprs = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k,
                   "GROUP_M": tile.group_m, "EVEN_K": int(k % tile.block_k == 0)}
     return dataclasses.replace(source, grid=(tile_grid(group, tile),), num_warps=tile.num_warps,
@@ -151,7 +156,7 @@ def with_tile(source: KernelSource, group: Group, tile: MatmulTile) -> KernelSou
 def heuristic_tile(group: Group, config: Config) -> MatmulTile:
     """A reasonable tile without tuning: narrow M tiles for skinny products, large ones otherwise."""
     assert group.contraction is not None
-    m, n, k = matmul_dims(group.contraction)
+    _, m, n, k = matmul_dims(group.contraction)
     itemsize = group.contraction.itemsize
     bk = 128 if itemsize <= 2 else 64
     if m <= 32:
@@ -179,7 +184,7 @@ def candidate_tiles(group: Group, config: Config) -> list[MatmulTile]:
     """The tuner's search space for this product: well-known Hopper/Ampere configurations, clamped to
     the problem, deduplicated, within the shared-memory cap."""
     assert group.contraction is not None
-    m, n, k = matmul_dims(group.contraction)
+    _, m, n, k = matmul_dims(group.contraction)
     itemsize = group.contraction.itemsize
     scale = 2 if itemsize <= 2 else 1  # twice the K depth for 16-bit operands
     raw = [
@@ -205,5 +210,5 @@ def candidate_tiles(group: Group, config: Config) -> list[MatmulTile]:
 
 def tile_grid(group: Group, tile: MatmulTile) -> int:
     assert group.contraction is not None
-    m, n, _ = matmul_dims(group.contraction)
-    return math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n)
+    batch, m, n, _ = matmul_dims(group.contraction)
+    return batch * math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n)

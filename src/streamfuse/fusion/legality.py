@@ -169,7 +169,7 @@ def _check_reduction_levels(nodes: list[Node], members: set[Node], outputs: Iter
     return None
 
 
-MATMUL_OPS = frozenset({"aten.mm.default", "aten.addmm.default"})
+MATMUL_OPS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
 MATMUL_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32})
 
 
@@ -178,8 +178,9 @@ def matmul_refusal(node: Node) -> str | None:
     if node.op not in MATMUL_OPS:
         return f"{node.op} runs through ATen (cuBLAS/cuDNN): only mm and addmm have a Triton template"
     a, b = matmul_operands(node)
-    if not (isinstance(a, Node) and isinstance(b, Node)) or len(a.shape) != 2 or len(b.shape) != 2:
-        return f"{node.op} with non-matrix operands runs through ATen"
+    rank = 3 if node.op == "aten.bmm.default" else 2
+    if not (isinstance(a, Node) and isinstance(b, Node)) or len(a.shape) != rank or len(b.shape) != rank:
+        return f"{node.op} with operands of unexpected rank runs through ATen"
     if not (a.dtype == b.dtype == node.dtype and node.dtype in MATMUL_DTYPES):
         return f"{node.op} in {a.dtype} x {b.dtype} -> {node.dtype} runs through ATen (template: fp16, bf16, fp32)"
     if node.op == "aten.addmm.default" and not isinstance(node.args[0], Node):
@@ -188,9 +189,16 @@ def matmul_refusal(node: Node) -> str | None:
 
 
 def matmul_operands(node: Node) -> tuple[Node, Node]:
-    """(A, B) of an mm or addmm node: the product is A @ B."""
+    """(A, B) of an mm, addmm or bmm node: the product is A @ B (batched for bmm)."""
     a, b = node.args[-2:] if node.op == "aten.addmm.default" else node.args[:2]
     return a, b  # type: ignore[return-value]
+
+
+def matmul_dims(node: Node) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of an mm / addmm (batch 1) or bmm node."""
+    a, b = matmul_operands(node)
+    batch = a.shape[0] if len(a.shape) == 3 else 1
+    return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
 
 def is_tile_shape(shape: tuple[int, ...], m: int, n: int) -> bool:
@@ -209,7 +217,8 @@ def _check_matmul(nodes: list[Node], members: set[Node], inputs: tuple[Node, ...
                 "matmul template is not generated")
     if any(n.kind is OpKind.REDUCTION for n in nodes):
         return "a reduction in a matmul epilogue is not generated (the tile holds only part of a row)"
-    m, n_cols = mm.shape
+    n_cols = mm.shape[-1]
+    m = mm.numel // n_cols  # rows of the product, batches stacked (bmm)
     dependent = {mm}
     for n in nodes:
         deps = [a for a in n.input_nodes() if a in dependent]
@@ -227,7 +236,7 @@ def _check_matmul(nodes: list[Node], members: set[Node], inputs: tuple[Node, ...
     for o in outputs:
         if not is_tile_shape(o.shape, m, n_cols):
             return f"output %{o.name} of shape {list(o.shape)} is not the matmul tile [{m}, {n_cols}]"
-    return KernelShape(GroupKind.MATMUL, inputs, outputs, shape=(m, n_cols), contraction=mm)
+    return KernelShape(GroupKind.MATMUL, inputs, outputs, shape=tuple(mm.shape), contraction=mm)
 
 
 def _external_inputs(nodes: list[Node], members: set[Node]) -> list[Node]:

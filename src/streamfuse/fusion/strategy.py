@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 
 from streamfuse.config import Config
-from streamfuse.fusion.legality import matmul_operands, matmul_refusal
+from streamfuse.fusion.legality import matmul_dims, matmul_operands, matmul_refusal
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.ops import OpKind, packet_name
 from streamfuse.tune.ceilings import DeviceCeilings, builtin_for
@@ -57,17 +57,12 @@ class MatmulChoice:
                 f"+ epilogue kernel {self.epilogue_us:.1f} us -> {self.strategy}{rule}")
 
 
-def matmul_dims(node: Node) -> tuple[int, int, int]:
-    a, b = matmul_operands(node)
-    return a.shape[0], b.shape[1], a.shape[1]
-
-
 def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoice:
     """The cost model's times for both strategies (see the module docstring)."""
-    m, n, k = matmul_dims(node)
+    batch, m, n, k = matmul_dims(node)
     a, b = matmul_operands(node)
     assert node.dtype is not None
-    flops = 2.0 * m * n * k
+    flops = 2.0 * batch * m * n * k
     operand_bytes = (a.numel + b.numel) * a.itemsize + node.numel * node.itemsize
     rate = ceilings.flops_per_us(node.dtype)
     bw = ceilings.bytes_per_us()
@@ -78,8 +73,13 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     eff = config.triton_matmul_efficiency
     k_steps = math.ceil(k / (256 if node.itemsize <= 2 else 128))  # the deepest K tile the tuner tries
     triton = max(flops / (rate * eff), operand_bytes / (bw * eff), k_steps * config.triton_matmul_k_step_us) + launch
-    return decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,
-                  tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32)
+    choice = decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,
+                    tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32)
+    if node.op == "aten.bmm.default" and config.matmul_strategy == "auto" and choice.strategy == "triton":
+        # tested in Triton's interpreter only: runs when forced or measured (profile_guided), not by default
+        return MatmulChoice("cublas", cublas, epilogue, triton, False,
+                            "the batched template has not been measured on a GPU yet")
+    return choice
 
 
 def decide(cublas_us: float, epilogue_us: float, triton_us: float, measured: bool, has_epilogue: bool,

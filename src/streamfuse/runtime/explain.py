@@ -41,7 +41,7 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
         assert g.contraction is not None
         a, b = matmul_operands(g.contraction)
         c = src.constexprs
-        head = (f"Triton matmul template [{a.shape[0]} x {a.shape[1]}] @ [{b.shape[0]} x {b.shape[1]}] with "
+        head = (f"Triton matmul template {list(a.shape)} @ {list(b.shape)} with "
                 f"{len(g.nodes) - 1} epilogue op(s), tile {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}, grid {src.grid}, "
                 f"{src.num_warps} warps, {src.num_stages} stages; {g.note}")
     elif g.kind is GroupKind.ATEN:
