@@ -192,3 +192,16 @@ def test_attention_scores_fuse_their_scale(config, device) -> None:  # type: ign
     softmax = compiled.plan.groups[-1]
     assert {"aten.mul.Tensor", "aten.add.Tensor"} <= {n.op for n in softmax.nodes}
     assert any("reduction in a matmul epilogue" in r.reason for r in compiled.plan.refusals)
+
+
+@pytest.mark.gpu
+def test_profile_guided_measures_both_strategies(config) -> None:  # type: ignore[no-untyped-def]
+    lin = torch.nn.Linear(512, 768).to(device="cuda", dtype=torch.bfloat16)
+    guided = config.replace(profile_guided=True)
+    compiled = compile_and_check(lambda t: F.gelu(lin(t)), [randn(64, 512, dtype=torch.bfloat16, device="cuda")],
+                                 guided)
+    (choice,) = compiled.plan.matmul_choices.values()
+    assert choice.measured and choice.reason.startswith("measured")
+    assert choice.cublas_us > 0 and choice.triton_us > 0
+    expected = GroupKind.MATMUL if choice.strategy == "triton" else GroupKind.ATEN
+    assert _kinds(compiled)[0] is expected
