@@ -54,9 +54,9 @@ def plan_fusion(graph: Graph, config: Config, choices: Mapping[Node, MatmulChoic
                 break
             if not (fusible[p] and fusible[c]) or state.group_of[p] == state.group_of[c]:
                 continue
-            if _merge_refusal(state, p, c, outputs, config) is None:
-                state.split[state.group_of[p]] = state.pending_split
-                state.merge(state.group_of[p], state.group_of[c])
+            verdict = _merge_check(state, p, c, outputs, config)
+            if not isinstance(verdict, str):
+                state.merge(state.group_of[p], state.group_of[c], split=verdict)
                 merges += 1
                 changed = True
 
@@ -71,7 +71,8 @@ def plan_fusion(graph: Graph, config: Config, choices: Mapping[Node, MatmulChoic
         elif not fusible[c]:
             reason = f"consumer {refusal(c)}"
         else:
-            reason = _merge_refusal(state, p, c, outputs, config) or "fusion fuel exhausted"
+            verdict = _merge_check(state, p, c, outputs, config)
+            reason = verdict if isinstance(verdict, str) else "fusion fuel exhausted"
         refusals.append(Refusal(p, c, reason))
 
     groups = _build_groups(state, graph, outputs, config, refusal)
@@ -91,11 +92,13 @@ class _Partition:
         self.sm_count = sm_count
         self.split: dict[int, int] = {}
         """Group id -> per-thread work divisor chosen when it was merged (fusion/geometry.py)."""
-        self.pending_split = 1
         self.group_of: dict[Node, int] = {n: i for i, n in enumerate(ops)}
         self.members: dict[int, list[Node]] = {i: [n] for i, n in enumerate(ops)}
 
-    def merge(self, a: int, b: int) -> None:
+    def merge(self, a: int, b: int, split: int) -> None:
+        """Group b joins group a, which launches with per-thread work divided by `split`."""
+        self.split[a] = split
+        self.split.pop(b, None)
         for n in self.members[b]:
             self.group_of[n] = a
         self.members[a] = sorted(self.members[a] + self.members.pop(b), key=self.position.__getitem__)
@@ -118,7 +121,8 @@ class _Partition:
         return None
 
 
-def _merge_refusal(state: _Partition, p: Node, c: Node, outputs: set[Node], config: Config) -> str | None:
+def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config: Config) -> str | int:
+    """Why p's and c's groups cannot merge, or the per-thread work divisor (split) they merge with."""
     gp, gc = state.group_of[p], state.group_of[c]
     via = state.path_through_other(gp, gc)
     if via is not None:
@@ -129,7 +133,7 @@ def _merge_refusal(state: _Partition, p: Node, c: Node, outputs: set[Node], conf
     if isinstance(result, str):
         return result
     if result.kind not in (GroupKind.POINTWISE, GroupKind.REDUCTION):
-        return None  # the matmul template's tile is held to the limits by the tuner instead
+        return 1  # the matmul template's tile is held to the limits by the tuner instead
     parts = [(check_group(state.members[g], outputs, config), state.split.get(g, 1)) for g in (gp, gc)]
     # The occupancy rule compares pointwise fusions with the pointwise kernels they replace (same
     # geometry: only register pressure changes). Fused persistent reductions keep only the hard
@@ -142,8 +146,7 @@ def _merge_refusal(state: _Partition, p: Node, c: Node, outputs: set[Node], conf
     for split in SPLITS:  # refuse only if spreading the work over more threads cannot restore occupancy
         reason = resource_refusal(_resources(result, config, state.sm_count, split), replaced, config)
         if reason is None:
-            state.pending_split = split
-            return None
+            return split
     return f"resources: {reason}"
 
 

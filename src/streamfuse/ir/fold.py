@@ -33,13 +33,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 import torch
 
 from streamfuse.ir.graph import Graph, Node, map_args
-from streamfuse.ir.indexing import contiguous_strides
-from streamfuse.ir.ops import OpKind, kind_of
+from streamfuse.ir.lowerings import Builder
+from streamfuse.ir.ops import OpKind
 
 _CONV = "aten.convolution.default"
 _CONV_ARITY = 9
@@ -254,10 +254,11 @@ def _rewrite(graph: Graph, m: _Match, weight: torch.Tensor, bias: torch.Tensor) 
     args[1], args[2] = w_node, None
     m.conv.args = tuple(args)
     per_channel = (1, m.conv.shape[1]) + (1,) * (len(m.conv.shape) - 2)
-    b_view = _op_node(_fresh(f"{b_node.name}_c", names), torch.ops.aten.view.default, (b_node, list(per_channel)),
-                      per_channel, bias.dtype)
-    shifted = _op_node(_fresh(f"{m.conv.name}_shifted", names), torch.ops.aten.add.Tensor, (m.conv, b_view),
-                       m.conv.shape, m.conv.dtype, m.conv.strides)
+    build = Builder(fresh=lambda name: _fresh(name, names), nodes=[])
+    b_view = build.add(f"{b_node.name}_c", torch.ops.aten.view.default, (b_node, list(per_channel)),
+                       shape=per_channel, dtype=bias.dtype)
+    shifted = build.add(f"{m.conv.name}_shifted", torch.ops.aten.add.Tensor, (m.conv, b_view),
+                        shape=m.conv.shape, dtype=m.conv.dtype, strides=m.conv.strides)
 
     result = m.chain[-1]
 
@@ -277,13 +278,6 @@ def _rewrite(graph: Graph, m: _Match, weight: torch.Tensor, bias: torch.Tensor) 
     _drop_unread_constants(graph, [m.weight, m.bias, m.gamma, m.beta, m.mean, m.var])
     graph.notes.append(f"batch-norm after %{m.conv.name} folded into its weights, its bias added in the epilogue "
                        "(a snapshot taken at compile time: compile again after changing the parameters)")
-
-
-def _op_node(name: str, target: Any, args: tuple, shape: tuple[int, ...], dtype: torch.dtype | None,
-             strides: tuple[int, ...] | None = None) -> Node:
-    qual = str(target)
-    return Node(name, qual, kind_of(qual), target, args, {}, shape=tuple(shape), dtype=dtype,
-                strides=strides if strides is not None else contiguous_strides(shape))
 
 
 def _constant_node(graph: Graph, name: str, value: torch.Tensor) -> Node:

@@ -30,10 +30,11 @@ class Builder:
     nodes: list[Node]
 
     def add(self, name: str, target: Any, args: tuple, kwargs: dict | None = None, *,
-            shape: tuple[int, ...], dtype: torch.dtype) -> Node:
+            shape: tuple[int, ...], dtype: torch.dtype | None, strides: tuple[int, ...] | None = None) -> Node:
+        """A new node (contiguous unless `strides` says otherwise), appended to `nodes`."""
         qual = str(target) if isinstance(target, torch._ops.OpOverload) else target.__name__
-        node = Node(self.fresh(name), qual, kind_of(qual), target, args, kwargs or {},
-                    shape=tuple(shape), dtype=dtype, strides=contiguous_strides(shape))
+        node = Node(self.fresh(name), qual, kind_of(qual), target, args, kwargs or {}, shape=tuple(shape),
+                    dtype=dtype, strides=strides if strides is not None else contiguous_strides(shape))
         self.nodes.append(node)
         return node
 

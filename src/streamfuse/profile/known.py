@@ -27,7 +27,7 @@ def kernel_info(fn_name: str) -> KernelInfo | None:
 
 
 def _occupancy(step: Any) -> tuple[float | None, str | None]:
-    compiled = next(iter(getattr(step, "_compiled", {}).values()), None)
+    compiled = step.binary() if step is not None else None
     if compiled is None:
         return None, None
     try:

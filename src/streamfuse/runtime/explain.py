@@ -10,6 +10,7 @@ from streamfuse.fusion.groups import Group, GroupKind
 from streamfuse.fusion.legality import matmul_operands
 from streamfuse.ir.graph import Node
 from streamfuse.ir.ops import OpKind
+from streamfuse.runtime.steps import KernelStep
 from streamfuse.schedule.cost import estimate_us, unfused_us
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
 def kernel_resources(g: Group, compiled: CompiledGraph) -> Resources:
     """The compiled kernel's registers / shared memory when it has run on a GPU, else the estimate."""
     step = compiled.base.steps[compiled.plan.groups.index(g)]
-    binary = next(iter(getattr(step, "_compiled", {}).values()), None)
+    binary = step.binary() if isinstance(step, KernelStep) else None
     src = compiled.sources[g.id]
     if binary is not None:
         return Resources(threads=src.num_warps * 32, registers=int(binary.n_regs),

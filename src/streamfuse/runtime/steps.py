@@ -135,6 +135,10 @@ class KernelStep:
         for s, t in zip(self.out_slots, outs, strict=True):
             env[s] = t
 
+    def binary(self) -> Any | None:
+        """A compiled kernel of this step (registers, shared memory, spills), once it has run on a GPU."""
+        return next(iter(self._compiled.values()), None)
+
     def _launch(self, args: list[Any]) -> Any:
         options: dict[str, Any] = {"num_warps": self.source.num_warps}
         if self.source.num_stages is not None:

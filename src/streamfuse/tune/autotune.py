@@ -31,6 +31,7 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.tune.ceilings import DeviceCeilings
+from streamfuse.tune.progress import progress_bar
 
 CACHE_FILE = "autotune.json"
 _memo: dict[Path, dict[str, Any]] = {}
@@ -110,7 +111,7 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
     results: dict[MatmulTile, float] = {}
     start = time.perf_counter()
     # real tensors, even when called while torch.compile traces with fake ones
-    with unset_fake_temporarily(), _progress(progress and len(tiles) > 1, f"tuning {group.name}", len(tiles)) as step:
+    with unset_fake_temporarily(), progress_bar(progress and len(tiles) > 1, f"tuning {group.name}", len(tiles)) as step:
         args = kernel_args(source, device)
         reference = with_tile(source, group, heuristic_tile(group, config))
         expected = None
@@ -119,8 +120,8 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
         for tile in tiles:
             if time.perf_counter() - start > config.autotune_budget_s:
                 break
+            step(str(tile))
             results[tile] = time_tile(kernel, with_tile(source, group, tile), args, expected)
-            step()
     best = min(results, key=results.__getitem__)
     if math.isinf(results[best]):
         # nothing compiled: keep the heuristic tile, whose launch will raise the real error
@@ -196,25 +197,3 @@ def _store(cache_dir: Path, key: str, value: dict[str, Any]) -> None:
         tmp.replace(path)
     except OSError:
         pass  # an unwritable cache only costs re-tuning next time
-
-
-class _progress:
-    """A rich progress bar over the candidates (nothing when disabled)."""
-
-    def __init__(self, show: bool, label: str, total: int):
-        self.show, self.label, self.total = show, label, total
-        self.bar: Any = None
-
-    def __enter__(self) -> Callable[[], None]:
-        if not self.show:
-            return lambda: None
-        from rich.progress import Progress
-
-        self.bar = Progress(transient=True)
-        self.bar.start()
-        task = self.bar.add_task(self.label, total=self.total)
-        return lambda: self.bar.advance(task)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()

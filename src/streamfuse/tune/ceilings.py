@@ -29,12 +29,14 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from streamfuse.tune.progress import progress_bar
 
 FORMAT = 1
 """Version of the cache file's layout; a file of another version is ignored (and re-measured)."""
@@ -226,7 +228,7 @@ def measure(device: torch.device, progress: bool = True) -> DeviceCeilings:
         ("CUDA graph launches", _graph_kernel_us),
     ]
     figures: dict[str, float] = {}
-    with torch.cuda.device(device), _progress_bar(progress, name, len(steps)) as step:
+    with torch.cuda.device(device), progress_bar(progress, f"calibrating {name}", len(steps)) as step:
         for label, bench in steps:
             step(label)
             figures[label] = bench()
@@ -237,28 +239,6 @@ def measure(device: torch.device, progress: bool = True) -> DeviceCeilings:
         matmul_tflops={key: figures[f"{key} matmul"] for key in MATMUL_DTYPES},
         launch_us=figures["eager launches"], graph_kernel_us=figures["CUDA graph launches"],
         source=f"measured on {name} at {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
-
-
-@contextlib.contextmanager
-def _progress_bar(show: bool, name: str, total: int) -> Iterator[Callable[[str], None]]:
-    if not show:
-        yield lambda label: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    with Progress(TextColumn("calibrating {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(name, total=total)
-        first = True
-
-        def step(label: str) -> None:
-            nonlocal first
-            bar.update(task, description=f"{name}: {label}", advance=0 if first else 1)
-            first = False
-
-        yield step
-        bar.update(task, completed=total)
 
 
 def _median_ms(fn: Callable[[], None], reps: int = 20, warmup_s: float = WARMUP_S) -> float:
