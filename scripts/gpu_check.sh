@@ -1,23 +1,33 @@
 #!/usr/bin/env bash
-# The device-machine check in one call (docs/PERF.md): GPU test suite, then the benchmarks whose
-# numbers the issues ask for. Results and logs go under $OUT (default ./gpu-check).
-#   run on the device:  bash scripts/gpu_check.sh
+# The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
+# issues ask for. Results and logs go under $OUT (default ./gpu-check).
+#   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [bench]   (default: all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-check}"
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src"
+export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests epilogue streams bench)
 step() {  # name, time limit in seconds, command...
   local name=$1 limit=$2; shift 2
+  [[ " ${steps[*]} " == *" $name "* ]] || return 0
   echo "== $name"
+  local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  echo "   exit $? ($(wc -l < "$OUT/$name.txt") lines in $OUT/$name.txt)"
+  echo "   exit $? in $((SECONDS - t0)) s ($(wc -l < "$OUT/$name.txt") lines in $OUT/$name.txt)"
 }
 step tests 200 python3 -m pytest -q -n 16 -W ignore -p no:logging --tb=line tests
-step epilogue 200 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
+step epilogue 300 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
 step streams 150 python3 benchmarks/streams_graphs.py --out "$OUT/streams"
 step bench 150 streamfuse bench --out "$OUT/bench"
-tail -4 "$OUT/tests.txt"
-grep -E "^Linear|^conv|^32|auto_vs|folded_vs|packed_vs" "$OUT/epilogue.txt"
-grep -E "vs 1 stream|host time|demo" "$OUT/streams.txt"
+# the device tool returns at most 8 files: everything in one archive, the logs beside it
+tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
+find "$OUT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
+for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $f"; done
+[ -f "$OUT/tests.txt" ] && tail -4 "$OUT/tests.txt"
+[ -f "$OUT/epilogue.txt" ] && grep -E "^Linear|^conv|^32|auto_vs|folded_vs|packed_vs|profile-guided|cuBLAS|template|triton" "$OUT/epilogue.txt" | head -60
+[ -f "$OUT/streams.txt" ] && grep -E "vs 1 stream|host time|demo|template" "$OUT/streams.txt"
+[ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
+exit 0

@@ -205,3 +205,71 @@ def test_profile_guided_measures_both_strategies(config) -> None:  # type: ignor
     assert choice.cublas_us > 0 and choice.triton_us > 0
     expected = GroupKind.MATMUL if choice.strategy == "triton" else GroupKind.ATEN
     assert _kinds(compiled)[0] is expected
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("m,k", [(1, 700), (5, 1024), (8, 333)])
+def test_skinny_products_split_k_with_the_epilogue_in_the_last_program(m: int, k: int, dtype: torch.dtype,
+                                                                        config, device) -> None:  # type: ignore[no-untyped-def]
+    """A batch-size M with a deep K: the heuristic tile splits K (few output tiles leave SMs idle);
+    the last program of each tile sums the partials and applies bias + GELU."""
+    lin = torch.nn.Linear(k, 40).to(device=device, dtype=dtype)
+    fn = lambda x: F.gelu(lin(x)) * 2.0
+    compiled = compile_and_check(fn, [randn(m, k, dtype=dtype, device=device)], _triton(config))
+    (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+    assert compiled.sources[group.id].constexprs["SPLIT_K"] > 1
+
+
+def test_split_k_results_do_not_depend_on_the_split_and_counters_reset(config, device) -> None:  # type: ignore[no-untyped-def]
+    """Every split computes the same function; launching twice with the same scratch gives identical
+    results (the last program reset its tile counters), and the sum is in split order (deterministic)."""
+    import dataclasses
+
+    from streamfuse.codegen.matmul import heuristic_tile, with_tile
+
+    k = 520
+    w = randn(k, 24, device=device, seed=12)
+    b = randn(24, device=device, seed=13)
+    fn = lambda x: torch.relu(torch.addmm(b, x, w))
+    x = randn(3, k, device=device)
+    compiled = compile_and_check(fn, [x], _triton(config))
+    (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+    step = compiled.steps[compiled.plan.groups.index(group)]
+    expected = torch.relu(torch.addmm(b.double(), x.double(), w.double())).float()
+    base = heuristic_tile(group, config, sm_count=132)
+    for split in (1, 2, 4, 8, 16):
+        source = with_tile(compiled.sources[group.id], group, dataclasses.replace(base, split_k=split, num_stages=1))
+        scratch = source.scratch_tensors(device)
+        results = []
+        for _ in range(2):
+            out = torch.full((3, 24), float("nan"), device=device)
+            args = []
+            for node, dims in zip(source.inputs, source.input_stride_dims, strict=True):
+                t = {(3, k): x, (k, 24): w, (24,): b}[node.shape]  # the three shapes differ
+                args += [t, *[t.stride(d) for d in dims]]
+            step.kernel[source.grid](*args, out, *scratch, num_warps=source.num_warps,
+                                     num_stages=source.num_stages, **source.constexprs)
+            results.append(out.clone())
+        assert torch.equal(results[0], results[1]), f"split {split}: second launch differs"
+        if split > 1:
+            assert int(scratch[1].abs().sum()) == 0, f"split {split}: tile counters not reset"
+        torch.testing.assert_close(results[0], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_candidates_include_split_k_for_skinny_products(config) -> None:  # type: ignore[no-untyped-def]
+    from streamfuse.codegen.matmul import candidate_tiles, fill_split, heuristic_tile
+
+    lin = torch.nn.Linear(4096, 4096).to(torch.bfloat16)
+    compiled = __import__("streamfuse").compile(lambda x: F.gelu(lin(x)),
+                                                (randn(8, 4096, dtype=torch.bfloat16),),
+                                                _triton(config).replace(executor="reference"))
+    group = next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
+    tiles = candidate_tiles(group, config, sm_count=132)
+    assert {t.split_k for t in tiles} >= {1, 2, 4}
+    for t in tiles:  # no split leaves a slice without K steps
+        assert t.split_k <= -(-4096 // t.block_k)
+    h = heuristic_tile(group, config, sm_count=132)
+    assert (h.block_m, h.block_n, h.split_k) == (16, 64, 8)  # 64 tiles x 8 = 512 programs >= 2 per SM
+    assert fill_split(h, 1, 8, 4096, 4096, 1000) == 32  # capped at SPLITS[-1]
+    assert fill_split(h, 1, 8, 4096, 128, 1000) == 1  # one K step: nothing to split
+    assert fill_split(h, 1, 4096, 4096, 4096, 132) == 1  # 16384 tiles fill the GPU

@@ -53,6 +53,12 @@ class KernelSource:
     """Software-pipelining depth (the matmul template's buffered tiles); None is Triton's default."""
     rng: bool = False
     """Takes (seed, offset) scalars after the output pointers (dropout; ir/rng.py)."""
+    scratch: list[tuple[int, torch.dtype]] = field(default_factory=list)
+    """Zero-initialised buffers (numel, dtype) passed last, owned by the launch site and reused by
+    every launch (the matmul template's split-K workspace and tile counters)."""
+
+    def scratch_tensors(self, device: torch.device) -> list[torch.Tensor]:
+        return [torch.zeros(max(1, numel), dtype=dtype, device=device) for numel, dtype in self.scratch]
 
 
 def generate(group: Group, config: Config, target: str, sm_count: int) -> KernelSource:
@@ -69,7 +75,7 @@ def generate(group: Group, config: Config, target: str, sm_count: int) -> Kernel
         from streamfuse.codegen.matmul import generate_matmul, heuristic_tile, with_tile
 
         source = generate_matmul(group, target)
-        return with_tile(source, group, heuristic_tile(group, config))
+        return with_tile(source, group, heuristic_tile(group, config, sm_count))
     raise ValueError(f"group {group.name} of kind {group.kind.value} is not generated")
 
 
@@ -193,6 +199,8 @@ class Emitter:
         """The kernel draws random numbers (dropout): it takes rng_seed and rng_offset (ir/rng.py)."""
         self.fixed: dict[Node, Operand] = {}
         """Values computed outside value()'s rules (the matmul template's product), at every index."""
+        self.scratch_params: list[str] = []
+        """Pointer parameters of the kernel's scratch buffers (KernelSource.scratch), after rng's."""
 
     def hoist(self, index: Index, prefix: str) -> Index:
         """Bind each non-trivial coordinate to a named variable, for readable loads."""
@@ -311,6 +319,7 @@ class Emitter:
             params += [f"in{i}_ptr"] + [f"in{i}_s{d}" for d in dims]
         params += [f"out{j}_ptr" for j in range(len(self.group.outputs))]
         params += ["rng_seed", "rng_offset"] if self.uses_rng else []
+        params += self.scratch_params
         params += constexpr_params
         body = "\n".join(f"    {line}" for line in self.lines)
         signature = ", ".join(params)

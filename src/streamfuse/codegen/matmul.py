@@ -8,6 +8,15 @@ TF32, so results match cuBLAS's default numerics. The epilogue reads the product
 `Emitter.fixed` and every other operand (bias, residual) as a masked strided load at the tile's
 index. The source does not depend on the tile sizes (they are constexpr parameters), so the
 tuner compiles one source with several tiles.
+
+Split-K (SPLIT_K > 1) is for skinny products (batch-size M, large K), whose few output tiles leave
+most SMs idle and whose programs wait on one K step after another: SPLIT_K programs share a tile,
+each summing its slice of K. Each writes its fp32 partial tile to a workspace and bumps the tile's
+counter (a release atomic after a CTA barrier); the program that finds the counter at SPLIT_K - 1
+is last, sums the partials in split order (so results do not depend on which program finishes
+last), applies the epilogue, stores, and resets the counter for the next launch. No second kernel
+and no atomics on data: deterministic, and safe to replay in a CUDA graph (the workspace and
+counters belong to the launch site: runtime/steps.py allocates them once per kernel step).
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import Expr, Index, broadcast_index, delinearize
 
 TILE_PARAMS = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
-               "GROUP_M: tl.constexpr", "EVEN_K: tl.constexpr"]
+               "GROUP_M: tl.constexpr", "SPLIT_K: tl.constexpr", "EVEN_K: tl.constexpr"]
+SCRATCH_PARAMS = ["ws_ptr", "lock_ptr"]
+SPLITS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -39,14 +50,16 @@ class MatmulTile:
     num_warps: int
     num_stages: int
     group_m: int = 8
+    split_k: int = 1
 
     def shared_bytes(self, itemsize: int) -> int:
         """Shared memory for the pipelined operand tiles: one A and one B tile per stage."""
         return self.num_stages * (self.block_m * self.block_k + self.block_k * self.block_n) * itemsize
 
     def __str__(self) -> str:
+        split = f" k{self.split_k}" if self.split_k > 1 else ""
         return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} "
-                f"g{self.group_m}")
+                f"g{self.group_m}{split}")
 
 
 def generate_matmul(group: Group, target: str) -> KernelSource:
@@ -69,7 +82,9 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
     # the products are exact in fp32, so the result is the same
     operands = "a.to(tl.float32), b.to(tl.float32)" if target != "cuda" and mm.dtype == torch.bfloat16 else "a, b"
     em.lines += [
-        "pid = tl.program_id(0)",
+        "tile = tl.program_id(0) // SPLIT_K",  # the SPLIT_K programs of one tile are neighbours
+        "pid_k = tl.program_id(0) % SPLIT_K",
+        "pid = tile",
         f"n_pid_m = tl.cdiv({m}, BLOCK_M)",
         f"n_pid_n = tl.cdiv({n}, BLOCK_N)",
         *([f"pid_b = (pid // (n_pid_m * n_pid_n)){'.to(tl.int64)' if wide else ''}",
@@ -81,22 +96,42 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
         "pid_n = (pid % per_group) // group_rows",
         "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)" + (".to(tl.int64)" if wide else ""),
         "offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)" + (".to(tl.int64)" if wide else ""),
+        # this program's K slice: k_steps consecutive BLOCK_K steps
+        f"k_steps = tl.cdiv(tl.cdiv({k}, BLOCK_K), SPLIT_K)",
+        "k_first = pid_k * k_steps * BLOCK_K",
         "offs_k = tl.arange(0, BLOCK_K)",
         # rows and columns past the edge wrap around (their results are masked at the store),
         # so the K loop's loads need no row/column masks
-        f"a_ptrs = {pa} + (offs_m % {m})[:, None] * {sa0} + offs_k[None, :] * {sa1}",
-        f"b_ptrs = {pb} + offs_k[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
+        f"a_ptrs = {pa} + (offs_m % {m})[:, None] * {sa0} + (k_first + offs_k)[None, :] * {sa1}",
+        f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        f"for kk in range(0, tl.cdiv({k}, BLOCK_K)):",
+        "for kk in range(0, k_steps):",
         "    if EVEN_K:",
         "        a = tl.load(a_ptrs)",
         "        b = tl.load(b_ptrs)",
         "    else:",
-        f"        a = tl.load(a_ptrs, mask=offs_k[None, :] < {k} - kk * BLOCK_K, other=0.0)",
-        f"        b = tl.load(b_ptrs, mask=offs_k[:, None] < {k} - kk * BLOCK_K, other=0.0)",
+        f"        k_left = {k} - k_first - kk * BLOCK_K",
+        "        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)",
+        "        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
         f"    acc = tl.dot({operands}, acc{precision})",
         f"    a_ptrs += BLOCK_K * {sa1}",
         f"    b_ptrs += BLOCK_K * {sb0}",
+        "last = True",
+        "if SPLIT_K > 1:",
+        "    offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]",
+        "    ws_tile = ws_ptr + tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N) + offs_t",
+        "    tl.store(ws_tile + pid_k * (BLOCK_M * BLOCK_N), acc)",
+        "    tl.debug_barrier()",  # every thread's partial is written before the release below
+        '    last = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1',
+        "if last:",
+    ]
+    body_start = len(em.lines)
+    em.lines += [
+        "if SPLIT_K > 1:",
+        "    acc = tl.load(ws_tile, cache_modifier=\".cg\")",
+        "    for s in tl.static_range(1, SPLIT_K):",
+        "        acc += tl.load(ws_tile + s * (BLOCK_M * BLOCK_N), cache_modifier=\".cg\")",
+        "    tl.atomic_xchg(lock_ptr + tile, 0)",  # ready for the next launch
         f"rm = {f'pid_b * {m} + ' if batched else ''}offs_m[:, None]",  # row of the [batch * M, N] product
         "rn = offs_n[None, :]",
         f"mmask = offs_m[:, None] < {m}",
@@ -108,6 +143,8 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
     for j, out in enumerate(group.outputs):
         v = em.value(out, _index_in(em, out.shape, tile_index))
         em.store(f"out{j}_ptr + rm * {n} + rn", store_cast(v, out), "mask")
+    em.lines[body_start:] = [f"    {line}" for line in em.lines[body_start:]]  # under `if last:`
+    em.scratch_params = SCRATCH_PARAMS
     return em.finish("mm", TILE_PARAMS, grid=(1,), num_warps=4, constexprs={})
 
 
@@ -144,19 +181,25 @@ def _index_in(em: Emitter, shape: tuple[int, ...], tile_index: Index) -> Index:
 
 
 def with_tile(source: KernelSource, group: Group, tile: MatmulTile) -> KernelSource:
-    """The source with `tile`'s launch configuration (grid, warps, stages, constexprs)."""
+    """The source with `tile`'s launch configuration (grid, warps, stages, constexprs, scratch)."""
     assert group.contraction is not None
     k = matmul_dims(group.contraction)[3]
     constexprs = {"BLOCK_M": tile.block_m, "BLOCK_N": tile.block_n, "BLOCK_K": tile.block_k,
-                  "GROUP_M": tile.group_m, "EVEN_K": int(k % tile.block_k == 0)}
+                  "GROUP_M": tile.group_m, "SPLIT_K": tile.split_k,
+                  "EVEN_K": int(k % (tile.block_k * tile.split_k) == 0)}
+    tiles = tile_grid(group, tile) // tile.split_k
+    scratch = [(0, torch.float32), (0, torch.int32)]
+    if tile.split_k > 1:
+        scratch = [(tiles * tile.split_k * tile.block_m * tile.block_n, torch.float32), (tiles, torch.int32)]
     return dataclasses.replace(source, grid=(tile_grid(group, tile),), num_warps=tile.num_warps,
-                               num_stages=tile.num_stages, constexprs=constexprs)
+                               num_stages=tile.num_stages, constexprs=constexprs, scratch=scratch)
 
 
-def heuristic_tile(group: Group, config: Config) -> MatmulTile:
-    """A reasonable tile without tuning: narrow M tiles for skinny products, large ones otherwise."""
+def heuristic_tile(group: Group, config: Config, sm_count: int = 132) -> MatmulTile:
+    """A reasonable tile without tuning: narrow M tiles for skinny products, large ones otherwise;
+    split-K where the output tiles alone would leave SMs idle."""
     assert group.contraction is not None
-    _, m, n, k = matmul_dims(group.contraction)
+    batch, m, n, k = matmul_dims(group.contraction)
     itemsize = group.contraction.itemsize
     bk = 128 if itemsize <= 2 else 64
     if m <= 32:
@@ -165,7 +208,19 @@ def heuristic_tile(group: Group, config: Config) -> MatmulTile:
         tile = MatmulTile(64, 128, bk // 2, 4, 4)
     else:
         tile = MatmulTile(128, 128, bk // 2, 8, 3)
-    return clamp_tile(tile, m, n, k)
+    tile = clamp_tile(tile, m, n, k)
+    return clamp_tile(dataclasses.replace(tile, split_k=fill_split(tile, batch, m, n, k, sm_count)), m, n, k)
+
+
+def fill_split(tile: MatmulTile, batch: int, m: int, n: int, k: int, sm_count: int) -> int:
+    """The smallest split of K (a power of two) that gives two programs per SM, at most one slice per
+    K step and at most SPLITS[-1]; 1 where the output tiles already fill the GPU."""
+    tiles = batch * math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n)
+    k_tiles = math.ceil(k / tile.block_k)
+    split = 1
+    while tiles * split < 2 * sm_count and split * 2 <= min(k_tiles, SPLITS[-1]):
+        split *= 2
+    return split
 
 
 def clamp_tile(tile: MatmulTile, m: int, n: int, k: int) -> MatmulTile:
@@ -174,17 +229,18 @@ def clamp_tile(tile: MatmulTile, m: int, n: int, k: int) -> MatmulTile:
         return max(16, min(block, 1 << max(0, (extent - 1).bit_length())))
 
     block_k = fit(tile.block_k, k)
-    # buffering more tiles than the K loop has iterations only costs shared memory
-    stages = max(1, min(tile.num_stages, math.ceil(k / block_k)))
+    # buffering more tiles than a program's K slice has steps only costs shared memory
+    stages = max(1, min(tile.num_stages, math.ceil(math.ceil(k / block_k) / tile.split_k)))
     return dataclasses.replace(tile, block_m=fit(tile.block_m, m), block_n=fit(tile.block_n, n),
                                block_k=block_k, num_stages=stages)
 
 
-def candidate_tiles(group: Group, config: Config) -> list[MatmulTile]:
+def candidate_tiles(group: Group, config: Config, sm_count: int = 132) -> list[MatmulTile]:
     """The tuner's search space for this product: well-known Hopper/Ampere configurations, clamped to
-    the problem, deduplicated, within the shared-memory cap."""
+    the problem, deduplicated, within the shared-memory cap; tiles too few to fill the GPU also
+    come with split-K (the split that fills it, and half that)."""
     assert group.contraction is not None
-    _, m, n, k = matmul_dims(group.contraction)
+    batch, m, n, k = matmul_dims(group.contraction)
     itemsize = group.contraction.itemsize
     scale = 2 if itemsize <= 2 else 1  # twice the K depth for 16-bit operands
     raw = [
@@ -203,12 +259,16 @@ def candidate_tiles(group: Group, config: Config) -> list[MatmulTile]:
     seen: dict[MatmulTile, None] = {}
     for t in raw:
         c = clamp_tile(t, m, n, k)
-        if c.shared_bytes(itemsize) <= config.matmul_max_shared_bytes:
-            seen.setdefault(c, None)
-    return list(seen) or [heuristic_tile(group, config)]
+        split = fill_split(c, batch, m, n, k, sm_count)
+        for s in sorted({1, max(1, split // 2), split}):
+            tile = clamp_tile(dataclasses.replace(c, split_k=s), m, n, k)
+            if tile.shared_bytes(itemsize) <= config.matmul_max_shared_bytes:
+                seen.setdefault(tile, None)
+    return list(seen) or [heuristic_tile(group, config, sm_count)]
 
 
 def tile_grid(group: Group, tile: MatmulTile) -> int:
+    """Programs launched: SPLIT_K per output tile."""
     assert group.contraction is not None
     batch, m, n, _ = matmul_dims(group.contraction)
-    return batch * math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n)
+    return batch * math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n) * tile.split_k

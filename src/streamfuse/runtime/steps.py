@@ -108,6 +108,9 @@ class KernelStep:
     """Launch compiled kernels directly (CUDA only; the interpreter goes through the JIT)."""
     rng: RngState | None = None
     """The graph's random-number state, for kernels that draw (dropout)."""
+    scratch: list[torch.Tensor] = field(default_factory=list)
+    """The kernel's scratch buffers (split-K workspace and counters), allocated once: each launch
+    leaves them ready for the next, and a captured graph replays with the same addresses."""
     _compiled: dict[tuple, Any] = field(default_factory=dict)
 
     def run(self, env: Env) -> None:
@@ -120,6 +123,7 @@ class KernelStep:
         args.extend(outs)
         if self.rng is not None:
             args += (self.rng.seed, self.rng.offset)
+        args += self.scratch
         if self.direct:
             key = tuple(_specialization(a) for a in args)
             compiled = self._compiled.get(key)
@@ -181,4 +185,5 @@ def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict
         device=device,
         direct=device.type == "cuda",
         rng=rng if source.rng else None,
+        scratch=source.scratch_tensors(device),
     )

@@ -71,8 +71,11 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list
     computes something else than `expected` (the heuristic tile's outputs): never a wrong fast tile."""
     import triton.testing
 
+    device = next(a for a in args if isinstance(a, torch.Tensor)).device
+    scratch = source.scratch_tensors(device)
+
     def launch() -> Any:
-        return kernel[source.grid](*args, num_warps=source.num_warps, num_stages=source.num_stages,
+        return kernel[source.grid](*args, *scratch, num_warps=source.num_warps, num_stages=source.num_stages,
                                    **source.constexprs)
 
     try:
@@ -102,7 +105,8 @@ def _agrees(got: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
 def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config, device: torch.device,
                 progress: bool = True) -> tuple[KernelSource, float]:
     """The fastest tile for this kernel (from the disk cache when known) and its time in µs."""
-    tiles = candidate_tiles(group, config)
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    tiles = candidate_tiles(group, config, sm_count)
     key = _key(source, tiles, device)
     cached = _load(config.cache_dir).get(key)
     if cached is not None:
@@ -113,7 +117,7 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
     # real tensors, even when called while torch.compile traces with fake ones
     with unset_fake_temporarily(), progress_bar(progress and len(tiles) > 1, f"tuning {group.name}", len(tiles)) as step:
         args = kernel_args(source, device)
-        reference = with_tile(source, group, heuristic_tile(group, config))
+        reference = with_tile(source, group, heuristic_tile(group, config, sm_count))
         expected = None
         if math.isfinite(time_tile(kernel, reference, args, None)):
             expected = [t.clone() for t in _outputs(reference, args)]
@@ -125,9 +129,9 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
     best = min(results, key=results.__getitem__)
     if math.isinf(results[best]):
         # nothing compiled: keep the heuristic tile, whose launch will raise the real error
-        return with_tile(source, group, heuristic_tile(group, config)), math.inf
+        return with_tile(source, group, heuristic_tile(group, config, sm_count)), math.inf
     _store(config.cache_dir, key, {"tile": [best.block_m, best.block_n, best.block_k, best.num_warps,
-                                            best.num_stages, best.group_m], "us": results[best],
+                                            best.num_stages, best.group_m, best.split_k], "us": results[best],
                                    "tried": {str(t): (None if math.isinf(v) else v) for t, v in results.items()}})
     return with_tile(source, group, best), results[best]
 
