@@ -19,7 +19,9 @@ from streamfuse import Config
 
 @pytest.fixture(scope="session")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
-    return Config(cache_dir=tmp_path_factory.mktemp("streamfuse-cache"))
+    # no tile tuning on the GPU unless a test asks for it (tests/test_tune.py, test_matmul.py): the
+    # heuristic tile is what the interpreter runs too, and tuning every test's products takes minutes
+    return Config(cache_dir=tmp_path_factory.mktemp("streamfuse-cache"), autotune=False)
 
 
 @pytest.fixture

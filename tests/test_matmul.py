@@ -157,6 +157,7 @@ def test_autotuning_picks_a_correct_tile_and_caches_it(config) -> None:  # type:
 
     lin = torch.nn.Linear(256, 384).to(device="cuda", dtype=torch.bfloat16)
     x = randn(96, 256, dtype=torch.bfloat16, device="cuda")
+    config = config.replace(autotune=True)
     compiled = compile_and_check(lambda t: F.gelu(lin(t)), [x], _triton(config))
     group = next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
     kernel = compiled.steps[compiled.plan.groups.index(group)].kernel
@@ -257,7 +258,8 @@ def test_split_k_results_do_not_depend_on_the_split_and_counters_reset(config, d
 
 
 def test_candidates_include_split_k_for_skinny_products(config) -> None:  # type: ignore[no-untyped-def]
-    from streamfuse.codegen.matmul import candidate_tiles, fill_split, heuristic_tile
+    from streamfuse.codegen.matmul import candidate_tiles, heuristic_tile
+    from streamfuse.fusion.geometry import fill_split
 
     lin = torch.nn.Linear(4096, 4096).to(torch.bfloat16)
     compiled = __import__("streamfuse").compile(lambda x: F.gelu(lin(x)),
@@ -270,6 +272,7 @@ def test_candidates_include_split_k_for_skinny_products(config) -> None:  # type
         assert t.split_k <= -(-4096 // t.block_k)
     h = heuristic_tile(group, config, sm_count=132)
     assert (h.block_m, h.block_n, h.split_k) == (16, 64, 8)  # 64 tiles x 8 = 512 programs >= 2 per SM
-    assert fill_split(h, 1, 8, 4096, 4096, 1000) == 32  # capped at SPLITS[-1]
-    assert fill_split(h, 1, 8, 4096, 128, 1000) == 1  # one K step: nothing to split
-    assert fill_split(h, 1, 4096, 4096, 4096, 132) == 1  # 16384 tiles fill the GPU
+    assert fill_split(64, 64, 1000) == 32  # capped at MAX_SPLIT_K
+    assert fill_split(64, 1, 1000) == 1  # one K step: nothing to split
+    assert fill_split(64, 6, 132) == 4  # no more slices than K steps
+    assert fill_split(16384, 64, 132) == 1  # the output tiles fill the GPU

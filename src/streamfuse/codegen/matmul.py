@@ -31,6 +31,7 @@ from streamfuse.codegen.kernel import INT32_LIMIT, Emitter, KernelSource, needs_
 from streamfuse.codegen.pointwise_ops import Operand
 from streamfuse.codegen.types import TL_DTYPE
 from streamfuse.config import Config
+from streamfuse.fusion.geometry import fill_split
 from streamfuse.fusion.groups import Group
 from streamfuse.fusion.legality import matmul_dims, matmul_operands
 from streamfuse.ir.graph import Node
@@ -39,7 +40,6 @@ from streamfuse.ir.indexing import Expr, Index, broadcast_index, delinearize
 TILE_PARAMS = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
                "GROUP_M: tl.constexpr", "SPLIT_K: tl.constexpr", "EVEN_K: tl.constexpr"]
 SCRATCH_PARAMS = ["ws_ptr", "lock_ptr"]
-SPLITS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass(frozen=True)
@@ -209,18 +209,12 @@ def heuristic_tile(group: Group, config: Config, sm_count: int = 132) -> MatmulT
     else:
         tile = MatmulTile(128, 128, bk // 2, 8, 3)
     tile = clamp_tile(tile, m, n, k)
-    return clamp_tile(dataclasses.replace(tile, split_k=fill_split(tile, batch, m, n, k, sm_count)), m, n, k)
+    return clamp_tile(dataclasses.replace(tile, split_k=_fill(tile, batch, m, n, k, sm_count)), m, n, k)
 
 
-def fill_split(tile: MatmulTile, batch: int, m: int, n: int, k: int, sm_count: int) -> int:
-    """The smallest split of K (a power of two) that gives two programs per SM, at most one slice per
-    K step and at most SPLITS[-1]; 1 where the output tiles already fill the GPU."""
-    tiles = batch * math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n)
-    k_tiles = math.ceil(k / tile.block_k)
-    split = 1
-    while tiles * split < 2 * sm_count and split * 2 <= min(k_tiles, SPLITS[-1]):
-        split *= 2
-    return split
+def _fill(tile: MatmulTile, batch: int, m: int, n: int, k: int, sm_count: int) -> int:
+    return fill_split(batch * math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n),
+                      math.ceil(k / tile.block_k), sm_count)
 
 
 def clamp_tile(tile: MatmulTile, m: int, n: int, k: int) -> MatmulTile:
@@ -259,7 +253,7 @@ def candidate_tiles(group: Group, config: Config, sm_count: int = 132) -> list[M
     seen: dict[MatmulTile, None] = {}
     for t in raw:
         c = clamp_tile(t, m, n, k)
-        split = fill_split(c, batch, m, n, k, sm_count)
+        split = _fill(c, batch, m, n, k, sm_count)
         for s in sorted({1, max(1, split // 2), split}):
             tile = clamp_tile(dataclasses.replace(c, split_k=s), m, n, k)
             if tile.shared_bytes(itemsize) <= config.matmul_max_shared_bytes:

@@ -6,8 +6,11 @@ The cost model is a roofline with a launch cost, on the device's ceilings (tune/
 
     cuBLAS:  max(flops / rate, operand bytes / bw) + launch
              + epilogue kernel: (read the product + write the result) / bw + launch
-    Triton:  max(flops / (rate * e), operand bytes / (bw * e), K steps * step latency) + launch,
-             e = triton_matmul_efficiency; a skinny product waits on each K step's loads in turn
+    Triton:  max(flops / (rate * e), operand bytes / bw, K steps per program * step latency) + launch,
+             e = triton_matmul_efficiency; a program waits on each K step's loads in turn, and
+             split-K (geometry.fill_split) divides the steps where the output tiles are too few to
+             fill the GPU; split over all SMs the template streams operands as fast as cuBLAS
+             (H200, PERF.md run 18: 8.9 vs 9.3 us for bf16 8x4096x4096)
 
 so the template wins where the epilogue's round trip through memory and its launch cost more than
 the template's lower arithmetic rate: small and medium M, wide epilogues. A contraction without a
@@ -25,6 +28,7 @@ from typing import Literal
 import torch
 
 from streamfuse.config import Config
+from streamfuse.fusion.geometry import fill_split
 from streamfuse.fusion.legality import matmul_dims, matmul_operands, matmul_refusal
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.ops import OpKind, packet_name
@@ -72,7 +76,9 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     epilogue = (2.0 * node.numel * node.itemsize / bw + launch) if has_epilogue else 0.0
     eff = config.triton_matmul_efficiency
     k_steps = math.ceil(k / (256 if node.itemsize <= 2 else 128))  # the deepest K tile the tuner tries
-    triton = max(flops / (rate * eff), operand_bytes / (bw * eff), k_steps * config.triton_matmul_k_step_us) + launch
+    tiles = batch * math.ceil(m / (16 if m <= 16 else 128)) * math.ceil(n / 64)
+    steps = math.ceil(k_steps / fill_split(tiles, k_steps, ceilings.sm_count))
+    triton = max(flops / (rate * eff), operand_bytes / bw, steps * config.triton_matmul_k_step_us) + launch
     choice = decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,
                     tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32)
     if node.op == "aten.bmm.default" and config.matmul_strategy == "auto" and choice.strategy == "triton":

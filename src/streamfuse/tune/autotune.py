@@ -2,7 +2,7 @@
 measured strategy choice of `Config.profile_guided`.
 
 Each candidate tile (codegen/matmul.candidate_tiles) is compiled and timed on random inputs of the
-real shapes and strides with `triton.testing.do_bench` (CUDA events, L2 flushed between runs). A
+real shapes and strides, replayed from a CUDA graph (profile/timing.time_graph_us). A
 candidate that fails to compile, runs out of resources, spills registers or disagrees with the
 heuristic tile's results scores as infinitely slow instead of raising. Tuning stops at
 `Config.autotune_budget_s` per kernel. Results persist in
@@ -30,6 +30,7 @@ from streamfuse.fusion.groups import Group
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
 from streamfuse.ir.graph import Graph, Node
+from streamfuse.profile.timing import time_graph_us
 from streamfuse.tune.ceilings import DeviceCeilings
 from streamfuse.tune.progress import progress_bar
 
@@ -67,9 +68,10 @@ AGREE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list[torch.Tensor] | None) -> float:
-    """Median µs of one launch with `source`'s tile; inf if it cannot compile, run, spills, or
-    computes something else than `expected` (the heuristic tile's outputs): never a wrong fast tile."""
-    import triton.testing
+    """Median µs of one launch with `source`'s tile, replayed from a CUDA graph (GPU time without the
+    host's launch cost, which would otherwise swamp small kernels and make the ranking noise); inf
+    if it cannot compile, run, spills, or computes something else than `expected` (the heuristic
+    tile's outputs): never a wrong fast tile."""
 
     device = next(a for a in args if isinstance(a, torch.Tensor)).device
     scratch = source.scratch_tensors(device)
@@ -84,7 +86,7 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list
             return math.inf
         if expected is not None and not _agrees(_outputs(source, args), expected):
             return math.inf
-        return float(triton.testing.do_bench(launch, warmup=5, rep=20, return_mode="median")) * 1e3
+        return time_graph_us(launch)
     except Exception:  # noqa: BLE001 - a failing candidate scores as infinitely slow, by design
         return math.inf
 
@@ -137,13 +139,12 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
 
 
 def time_aten(node: Node, device: torch.device) -> float:
-    """Median µs of the contraction alone through ATen (cuBLAS) on random operands."""
-    import triton.testing
-
+    """Median µs of the contraction alone through ATen (cuBLAS) on random operands, replayed from a
+    CUDA graph as the template's tiles are."""
     with unset_fake_temporarily():
         args = [random_operand(a, device) if isinstance(a, Node) else a for a in node.args]
         fn: Callable[[], Any] = lambda: node.target(*args, **node.kwargs)
-        return float(triton.testing.do_bench(fn, warmup=5, rep=20, return_mode="median")) * 1e3
+        return time_graph_us(fn)
 
 
 def measure_choices(graph: Graph, config: Config, ceilings: DeviceCeilings, device: torch.device,
@@ -152,7 +153,9 @@ def measure_choices(graph: Graph, config: Config, ceilings: DeviceCeilings, devi
     is planned with its epilogue, tuned and timed; cuBLAS is timed alone, plus the cost model's
     epilogue kernel (bytes / bandwidth + one launch in a graph)."""
     modelled = choose_matmuls(graph, config, ceilings)
-    plan = plan_fusion(graph, config.replace(matmul_strategy="triton"), modelled)
+    # the planner follows each choice's strategy: plan with the template forced to get its groups
+    forced = config.replace(matmul_strategy="triton")
+    plan = plan_fusion(graph, forced, choose_matmuls(graph, forced, ceilings))
     measured: dict[Node, MatmulChoice] = {}
     for group in plan.groups:
         node = group.contraction
