@@ -21,7 +21,7 @@ step() {  # name, time limit in seconds, command...
 step tests 170 python3 -m pytest -q -n 16 -W ignore -p no:logging --tb=line tests
 step epilogue 150 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
 step streams 130 python3 benchmarks/streams_graphs.py --out "$OUT/streams"
-step bench 120 streamfuse bench --out "$OUT/bench"
+step bench 200 streamfuse bench --out "$OUT/bench"
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
 find "$OUT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +

@@ -276,3 +276,23 @@ def test_candidates_include_split_k_for_skinny_products(config) -> None:  # type
     assert fill_split(64, 1, 1000) == 1  # one K step: nothing to split
     assert fill_split(64, 6, 132) == 4  # no more slices than K steps
     assert fill_split(16384, 64, 132) == 1  # the output tiles fill the GPU
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("k", [64, 600])
+def test_one_row_products_use_the_matrix_vector_loop(k: int, dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
+    """Batch-1 Linear layers: no tl.dot (BLOCK_M = 1), split over K where the row has few tiles,
+    bias + ReLU fused; also through a transposed weight and a residual."""
+    lin = torch.nn.Linear(k, 96).to(device=device, dtype=dtype)
+    fn = lambda x, r: torch.relu(lin(x)) + r
+    inputs = [randn(1, k, dtype=dtype, device=device), randn(1, 96, dtype=dtype, device=device, seed=3)]
+    compiled = compile_and_check(fn, inputs, _triton(config))
+    (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+    source = compiled.sources[group.id]
+    assert source.constexprs["BLOCK_M"] == 1 and "tl.dot" not in source.source
+    assert source.constexprs["SPLIT_K"] > 1 or k == 64
+
+
+def test_one_row_bmm(config, device) -> None:  # type: ignore[no-untyped-def]
+    fn = lambda a, b: torch.sigmoid(torch.bmm(a, b))
+    compile_and_check(fn, [randn(3, 1, 70, device=device), randn(3, 70, 20, device=device, seed=1)], _triton(config))

@@ -102,20 +102,8 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
         "offs_k = tl.arange(0, BLOCK_K)",
         # rows and columns past the edge wrap around (their results are masked at the store),
         # so the K loop's loads need no row/column masks
-        f"a_ptrs = {pa} + (offs_m % {m})[:, None] * {sa0} + (k_first + offs_k)[None, :] * {sa1}",
-        f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
-        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        "for kk in range(0, k_steps):",
-        "    if EVEN_K:",
-        "        a = tl.load(a_ptrs)",
-        "        b = tl.load(b_ptrs)",
-        "    else:",
-        f"        k_left = {k} - k_first - kk * BLOCK_K",
-        "        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)",
-        "        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
-        f"    acc = tl.dot({operands}, acc{precision})",
-        f"    a_ptrs += BLOCK_K * {sa1}",
-        f"    b_ptrs += BLOCK_K * {sb0}",
+        *(_gemv_loop(pa, pb, sa1, sb0, sb1, n, k) if m == 1 else _dot_loop(
+            pa, pb, sa0, sa1, sb0, sb1, m, n, k, operands, precision)),
         "last = True",
         "if SPLIT_K > 1:",
         "    offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]",
@@ -146,6 +134,51 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
     em.lines[body_start:] = [f"    {line}" for line in em.lines[body_start:]]  # under `if last:`
     em.scratch_params = SCRATCH_PARAMS
     return em.finish("mm", TILE_PARAMS, grid=(1,), num_warps=4, constexprs={})
+
+
+def _dot_loop(pa: str, pb: str, sa0: str, sa1: str, sb0: str, sb1: str, m: int, n: int, k: int,
+              operands: str, precision: str) -> list[str]:
+    """The K loop on the tensor cores: one [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tl.dot per step."""
+    return [
+        f"a_ptrs = {pa} + (offs_m % {m})[:, None] * {sa0} + (k_first + offs_k)[None, :] * {sa1}",
+        f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
+        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "for kk in range(0, k_steps):",
+        "    if EVEN_K:",
+        "        a = tl.load(a_ptrs)",
+        "        b = tl.load(b_ptrs)",
+        "    else:",
+        f"        k_left = {k} - k_first - kk * BLOCK_K",
+        "        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)",
+        "        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
+        f"    acc = tl.dot({operands}, acc{precision})",
+        f"    a_ptrs += BLOCK_K * {sa1}",
+        f"    b_ptrs += BLOCK_K * {sb0}",
+    ]
+
+
+def _gemv_loop(pa: str, pb: str, sa1: str, sb0: str, sb1: str, n: int, k: int) -> list[str]:
+    """The K loop of a one-row product (batch-1 inference): a matrix-vector product on the CUDA
+    cores, bandwidth-bound on B. tl.dot would pad the row to 16 (wasting 15/16 of the tensor-core
+    work) and, for float32, fall back to a slow FMA path; here each step multiplies the row slice
+    into the B tile in float32 and sums down K, exact products in every dtype. BLOCK_M is 1."""
+    return [
+        f"a_ptrs = {pa} + (k_first + offs_k) * {sa1}",
+        f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
+        "acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)",
+        "for kk in range(0, k_steps):",
+        "    if EVEN_K:",
+        "        a = tl.load(a_ptrs)",
+        "        b = tl.load(b_ptrs)",
+        "    else:",
+        f"        k_left = {k} - k_first - kk * BLOCK_K",
+        "        a = tl.load(a_ptrs, mask=offs_k < k_left, other=0.0)",
+        "        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
+        "    acc_n += tl.sum(a.to(tl.float32)[:, None] * b.to(tl.float32), axis=0)",
+        f"    a_ptrs += BLOCK_K * {sa1}",
+        f"    b_ptrs += BLOCK_K * {sb0}",
+        "acc = acc_n[None, :]",
+    ]
 
 
 def _strides(em: Emitter, operand: Node) -> tuple[str, ...]:
@@ -202,7 +235,9 @@ def heuristic_tile(group: Group, config: Config, sm_count: int = 132) -> MatmulT
     batch, m, n, k = matmul_dims(group.contraction)
     itemsize = group.contraction.itemsize
     bk = 128 if itemsize <= 2 else 64
-    if m <= 32:
+    if m == 1:
+        tile = MatmulTile(1, 64, 128 if itemsize <= 2 else 64, 4, 3)
+    elif m <= 32:
         tile = MatmulTile(16 if m <= 16 else 32, 64, bk, 4, 4)
     elif m <= 256:
         tile = MatmulTile(64, 128, bk // 2, 4, 4)
@@ -218,14 +253,17 @@ def _fill(tile: MatmulTile, batch: int, m: int, n: int, k: int, sm_count: int) -
 
 
 def clamp_tile(tile: MatmulTile, m: int, n: int, k: int) -> MatmulTile:
-    """Blocks no larger than the (power-of-two rounded) problem; at least 16 (tl.dot's minimum)."""
+    """Blocks no larger than the (power-of-two rounded) problem; at least 16 (tl.dot's minimum),
+    except the one row of a matrix-vector product (which has no tl.dot)."""
     def fit(block: int, extent: int) -> int:
         return max(16, min(block, 1 << max(0, (extent - 1).bit_length())))
 
+    if m == 1:
+        tile = dataclasses.replace(tile, block_m=1, group_m=1)
     block_k = fit(tile.block_k, k)
     # buffering more tiles than a program's K slice has steps only costs shared memory
     stages = max(1, min(tile.num_stages, math.ceil(math.ceil(k / block_k) / tile.split_k)))
-    return dataclasses.replace(tile, block_m=fit(tile.block_m, m), block_n=fit(tile.block_n, n),
+    return dataclasses.replace(tile, block_m=1 if m == 1 else fit(tile.block_m, m), block_n=fit(tile.block_n, n),
                                block_k=block_k, num_stages=stages)
 
 
@@ -250,6 +288,10 @@ def candidate_tiles(group: Group, config: Config, sm_count: int = 132) -> list[M
         MatmulTile(16, 16, 128 * scale, 4, 4), MatmulTile(16, 16, 256 * scale, 4, 3),
         MatmulTile(16, 32, 256 * scale, 4, 3), MatmulTile(32, 16, 128 * scale, 4, 4),
     ]
+    if m == 1:  # the matrix-vector loop: a [BLOCK_K, BLOCK_N] tile of B in registers per step
+        raw = [MatmulTile(1, bn, bk * scale, w, st) for bn, bk, w, st in (
+            (16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2),
+            (64, 128, 8, 3), (128, 32, 4, 3), (128, 64, 8, 2), (256, 32, 8, 2))]
     seen: dict[MatmulTile, None] = {}
     for t in raw:
         c = clamp_tile(t, m, n, k)

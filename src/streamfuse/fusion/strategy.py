@@ -14,8 +14,8 @@ The cost model is a roofline with a launch cost, on the device's ceilings (tune/
 
 so the template wins where the epilogue's round trip through memory and its launch cost more than
 the template's lower arithmetic rate: small and medium M, wide epilogues. A contraction without a
-pointwise consumer always runs through cuBLAS (nothing to fuse), and so does a float32 product
-(the template's IEEE path has no tensor cores) unless measured faster.
+pointwise consumer always runs through cuBLAS (nothing to fuse), and so does a float32 product of
+more than one row (the template's IEEE tl.dot has no tensor cores) unless measured faster.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     steps = math.ceil(k_steps / fill_split(tiles, k_steps, ceilings.sm_count))
     triton = max(flops / (rate * eff), operand_bytes / bw, steps * config.triton_matmul_k_step_us) + launch
     choice = decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,
-                    tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32)
+                    tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 or m == 1)
     if node.op == "aten.bmm.default" and config.matmul_strategy == "auto" and choice.strategy == "triton":
         # tested in Triton's interpreter only: runs when forced or measured (profile_guided), not by default
         return MatmulChoice("cublas", cublas, epilogue, triton, False,
@@ -92,7 +92,8 @@ def decide(cublas_us: float, epilogue_us: float, triton_us: float, measured: boo
            config: Config, tensor_cores: bool = True) -> MatmulChoice:
     """`tensor_cores`: False for float32 products, whose IEEE template runs on the CUDA cores: on the
     H200 it made 4 MLPs (d=1024, batch 1) 2-4x slower than cuBLAS (PERF.md run 16), so "auto" keeps
-    cuBLAS for them unless a measurement (profile_guided) says otherwise."""
+    cuBLAS for them unless a measurement (profile_guided) says otherwise. One-row products are the
+    exception (True): their matrix-vector loop uses no tl.dot in any dtype."""
     rule = ""
     if config.matmul_strategy != "auto":
         strategy: Strategy = config.matmul_strategy
