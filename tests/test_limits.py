@@ -108,3 +108,16 @@ def test_decide_rules(config) -> None:  # type: ignore[no-untyped-def]
     assert decide(10, 5, 1, True, True, config, tensor_cores=False).strategy == "triton"  # measured wins
     forced = decide(1, 1, 100, False, True, config.replace(matmul_strategy="triton"))
     assert forced.strategy == "triton" and "forced" in forced.reason
+
+
+def test_float32_one_row_products_may_use_the_template(config) -> None:  # type: ignore[no-untyped-def]
+    """The float32 rule keeps cuBLAS for products on the IEEE tl.dot path; a batch-1 Linear uses the
+    matrix-vector loop instead, so the cost model decides it (and picks the fused kernel: no
+    epilogue round trip, one launch less)."""
+    lin = torch.nn.Linear(1024, 1024)
+    for m, strategy in ((1, "triton"), (8, "cublas")):
+        compiled = streamfuse.compile(lambda x: torch.relu(lin(x)), (randn(m, 1024),), config.replace(executor="reference"))
+        (node,) = compiled.plan.matmul_choices
+        choice = predict(node, builtin_for("NVIDIA H200"), config)
+        assert choice.strategy == strategy, choice.reason
+        assert ("float32" in choice.reason) == (m != 1)
