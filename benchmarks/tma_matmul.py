@@ -3,6 +3,8 @@ cuBLAS's GEMM alone at bf16 [M, 4096] x [4096, 4096] on the H200, with the Hoppe
 accelerator (TMA: tensor descriptors, bulk copies into shared memory) and a persistent grid?
 
 Not wired into streamfuse: a stand-alone kernel to measure before building it into the template.
+Run 22 (docs/PERF.md) measured it before the tile-origin helper was factored out of both kernels
+(the interpreter check below covers that refactor; the GPU has not run it since).
 
     python benchmarks/tma_matmul.py [--sizes 512 4096]          (GPU)
     TRITON_INTERPRET=1 python benchmarks/tma_matmul.py --check   (CPU: correctness at a small size;
@@ -38,25 +40,26 @@ def _gelu_bias_tile(acc, bias_ptr, offs_n, N):
 
 
 @triton.jit
+def _tile_origin(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The first row and column of output tile `tile`, tiles grouped GROUP_M down M (L2 reuse of B)."""
+    n_m = tl.cdiv(M, BLOCK_M)
+    per_group = GROUP_M * tl.cdiv(N, BLOCK_N)
+    first_m = (tile // per_group) * GROUP_M
+    rows = tl.minimum(n_m - first_m, GROUP_M)
+    return (first_m + (tile % per_group) % rows) * BLOCK_M, ((tile % per_group) // rows) * BLOCK_N
+
+
+@triton.jit
 def tma_persistent(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, WIDEN: tl.constexpr):
     """A fixed grid of NUM_PROGRAMS programs walks the output tiles (grouped GROUP_M down M for L2
     reuse of B panels); operands arrive by TMA; the epilogue runs on the fp32 accumulator and the
     tile leaves through a TMA store."""
-    start = tl.program_id(0)
-    n_m = tl.cdiv(M, BLOCK_M)
-    n_n = tl.cdiv(N, BLOCK_N)
     n_k = tl.cdiv(K, BLOCK_K)
-    tiles = n_m * n_n
-    per_group = GROUP_M * n_n
-    for tile in tl.range(start, tiles, NUM_PROGRAMS, flatten=FLATTEN):
-        first_m = (tile // per_group) * GROUP_M
-        rows = tl.minimum(n_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % rows
-        pid_n = (tile % per_group) // rows
-        om = pid_m * BLOCK_M
-        on = pid_n * BLOCK_N
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=FLATTEN):
+        om, on = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(n_k):
             a = a_desc.load([om, kk * BLOCK_K])
@@ -73,16 +76,7 @@ def tma_tiled(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
               WIDEN: tl.constexpr):
     """One output tile per program (no persistence), operands by TMA."""
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(M, BLOCK_M)
-    n_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * n_n
-    first_m = (pid // per_group) * GROUP_M
-    rows = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows
-    pid_n = (pid % per_group) // rows
-    om = pid_m * BLOCK_M
-    on = pid_n * BLOCK_N
+    om, on = _tile_origin(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kk in range(tl.cdiv(K, BLOCK_K)):
         a = a_desc.load([om, kk * BLOCK_K])

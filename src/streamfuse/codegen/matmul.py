@@ -141,19 +141,8 @@ def _dot_loop(pa: str, pb: str, sa0: str, sa1: str, sb0: str, sb1: str, m: int, 
     """The K loop on the tensor cores: one [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tl.dot per step."""
     return [
         f"a_ptrs = {pa} + (offs_m % {m})[:, None] * {sa0} + (k_first + offs_k)[None, :] * {sa1}",
-        f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
-        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        "for kk in range(0, k_steps):",
-        "    if EVEN_K:",
-        "        a = tl.load(a_ptrs)",
-        "        b = tl.load(b_ptrs)",
-        "    else:",
-        f"        k_left = {k} - k_first - kk * BLOCK_K",
-        "        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)",
-        "        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
-        f"    acc = tl.dot({operands}, acc{precision})",
-        f"    a_ptrs += BLOCK_K * {sa1}",
-        f"    b_ptrs += BLOCK_K * {sb0}",
+        *_k_loop(pb, sa1, sb0, sb1, n, k, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+                 "offs_k[None, :]", f"acc = tl.dot({operands}, acc{precision})"),
     ]
 
 
@@ -164,20 +153,29 @@ def _gemv_loop(pa: str, pb: str, sa1: str, sb0: str, sb1: str, n: int, k: int) -
     into the B tile in float32 and sums down K, exact products in every dtype. BLOCK_M is 1."""
     return [
         f"a_ptrs = {pa} + (k_first + offs_k) * {sa1}",
+        *_k_loop(pb, sa1, sb0, sb1, n, k, "acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)", "offs_k",
+                 "acc_n += tl.sum(a.to(tl.float32)[:, None] * b.to(tl.float32), axis=0)"),
+        "acc = acc_n[None, :]",
+    ]
+
+
+def _k_loop(pb: str, sa1: str, sb0: str, sb1: str, n: int, k: int, init: str, a_k: str, step: str) -> list[str]:
+    """This program's K slice, one BLOCK_K step at a time: load the A slice (`a_ptrs`, its K offsets
+    laid out as `a_k`) and the B tile, masked only where K does not divide evenly; then `step`."""
+    return [
         f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
-        "acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)",
+        init,
         "for kk in range(0, k_steps):",
         "    if EVEN_K:",
         "        a = tl.load(a_ptrs)",
         "        b = tl.load(b_ptrs)",
         "    else:",
         f"        k_left = {k} - k_first - kk * BLOCK_K",
-        "        a = tl.load(a_ptrs, mask=offs_k < k_left, other=0.0)",
+        f"        a = tl.load(a_ptrs, mask={a_k} < k_left, other=0.0)",
         "        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
-        "    acc_n += tl.sum(a.to(tl.float32)[:, None] * b.to(tl.float32), axis=0)",
+        f"    {step}",
         f"    a_ptrs += BLOCK_K * {sa1}",
         f"    b_ptrs += BLOCK_K * {sb0}",
-        "acc = acc_n[None, :]",
     ]
 
 
