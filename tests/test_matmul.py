@@ -272,10 +272,15 @@ def test_candidates_include_split_k_for_skinny_products(config) -> None:  # type
         assert t.split_k <= -(-4096 // t.block_k)
     h = heuristic_tile(group, config, sm_count=132)
     assert (h.block_m, h.block_n, h.split_k) == (16, 64, 8)  # 64 tiles x 8 = 512 programs >= 2 per SM
-    assert fill_split(64, 64, 1000) == 32  # capped at MAX_SPLIT_K
-    assert fill_split(64, 1, 1000) == 1  # one K step: nothing to split
-    assert fill_split(64, 6, 132) == 4  # no more slices than K steps
-    assert fill_split(16384, 64, 132) == 1  # the output tiles fill the GPU
+    assert fill_split(64, 64, 1000, 32) == 32  # capped at Config.matmul_max_split_k
+    assert fill_split(64, 1, 1000, 32) == 1  # one K step: nothing to split
+    assert fill_split(64, 6, 132, 32) == 4  # no more slices than K steps
+    assert fill_split(16384, 64, 132, 32) == 1  # the output tiles fill the GPU
+    off = config.replace(matmul_max_split_k=1)  # split-K off: no candidate splits K
+    assert {t.split_k for t in candidate_tiles(group, off, sm_count=132)} == {1}
+    assert heuristic_tile(group, off, sm_count=132).split_k == 1
+    with pytest.raises(ValueError, match="matmul_max_split_k"):
+        config.replace(matmul_max_split_k=0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -77,6 +77,9 @@ class Config:
     """Shared-memory cap for the matmul template's staged tiles. The template buffers its operand
     tiles in shared memory by design and opts in to the device maximum (as cuBLAS does); the 48 KB
     cap above applies to fused pointwise and reduction kernels, which keep data in registers."""
+    matmul_max_split_k: int = 32
+    """Most programs that may share one output tile of the matmul template, each summing a slice of K
+    (split-K, for products whose tiles alone leave SMs idle; 1 turns split-K off)."""
     autotune: bool = True
     """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
     keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""
@@ -147,6 +150,8 @@ class Config:
             raise ValueError(f"Config.matmul_strategy must be 'auto', 'triton' or 'cublas', got {self.matmul_strategy!r}")
         if not 0.0 < self.triton_matmul_efficiency <= 2.0:
             raise ValueError(f"Config.triton_matmul_efficiency must be in (0, 2], got {self.triton_matmul_efficiency}")
+        if not 1 <= self.matmul_max_split_k <= 1024:
+            raise ValueError(f"Config.matmul_max_split_k must be in [1, 1024], got {self.matmul_max_split_k}")
         if not 0.0 <= self.max_occupancy_drop <= 1.0:
             raise ValueError(f"Config.max_occupancy_drop must be in [0, 1], got {self.max_occupancy_drop}")
         if self.autotune_budget_s <= 0:

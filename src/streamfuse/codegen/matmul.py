@@ -242,12 +242,13 @@ def heuristic_tile(group: Group, config: Config, sm_count: int = 132) -> MatmulT
     else:
         tile = MatmulTile(128, 128, bk // 2, 8, 3)
     tile = clamp_tile(tile, m, n, k)
-    return clamp_tile(dataclasses.replace(tile, split_k=_fill(tile, batch, m, n, k, sm_count)), m, n, k)
+    split = _fill(tile, batch, m, n, k, sm_count, config)
+    return clamp_tile(dataclasses.replace(tile, split_k=split), m, n, k)
 
 
-def _fill(tile: MatmulTile, batch: int, m: int, n: int, k: int, sm_count: int) -> int:
+def _fill(tile: MatmulTile, batch: int, m: int, n: int, k: int, sm_count: int, config: Config) -> int:
     return fill_split(batch * math.ceil(m / tile.block_m) * math.ceil(n / tile.block_n),
-                      math.ceil(k / tile.block_k), sm_count)
+                      math.ceil(k / tile.block_k), sm_count, config.matmul_max_split_k)
 
 
 def clamp_tile(tile: MatmulTile, m: int, n: int, k: int) -> MatmulTile:
@@ -293,7 +294,7 @@ def candidate_tiles(group: Group, config: Config, sm_count: int = 132) -> list[M
     seen: dict[MatmulTile, None] = {}
     for t in raw:
         c = clamp_tile(t, m, n, k)
-        split = _fill(c, batch, m, n, k, sm_count)
+        split = _fill(c, batch, m, n, k, sm_count, config)
         for s in sorted({1, max(1, split // 2), split}):
             tile = clamp_tile(dataclasses.replace(c, split_k=s), m, n, k)
             if tile.shared_bytes(itemsize) <= config.matmul_max_shared_bytes:

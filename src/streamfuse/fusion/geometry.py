@@ -31,15 +31,12 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-MAX_SPLIT_K = 32
-
-
-def fill_split(tiles: int, k_steps: int, sm_count: int) -> int:
+def fill_split(tiles: int, k_steps: int, sm_count: int, max_split: int) -> int:
     """Split-K of the matmul template: the smallest power of two that gives `tiles` output tiles two
-    programs per SM, with at most one slice per K step and at most MAX_SPLIT_K; 1 where the output
-    tiles already fill the GPU."""
+    programs per SM, with at most one slice per K step and at most `max_split`
+    (Config.matmul_max_split_k); 1 where the output tiles already fill the GPU."""
     split = 1
-    while tiles * split < 2 * sm_count and split * 2 <= min(k_steps, MAX_SPLIT_K):
+    while tiles * split < 2 * sm_count and split * 2 <= min(k_steps, max_split):
         split *= 2
     return split
 
