@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,26 @@ def launcher(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Te
                                        num_warps=warps, num_stages=stages)
 
 
+def streamfuse_row(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, ref: torch.Tensor, timing: Any) -> tuple:
+    """streamfuse's own template with Config.matmul_tma (tuned tile), for comparison with the
+    stand-alone kernels above; a failure is reported as a row, not raised."""
+    import streamfuse
+
+    fn = lambda t: F.gelu(F.linear(t, w, bias))  # noqa: E731
+    config = streamfuse.Config(matmul_strategy="triton", matmul_tma=True)
+    try:
+        sf = streamfuse.compile(fn, (x,), config)
+        err = float((sf(x).double() - ref).abs().max())
+        src = next(s for s in sf.sources.values() if s.fn_name.startswith("sf_mm"))
+        c = src.constexprs
+        name = (f"streamfuse matmul_tma {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} w{src.num_warps} "
+                f"s{src.num_stages} k{c['SPLIT_K']}")
+        return name, timing(lambda: sf(x)), err
+    except Exception as e:  # noqa: BLE001 - an experiment: report and go on
+        print(f"  streamfuse matmul_tma failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return "streamfuse matmul_tma (failed)", float("nan"), float("nan")
+
+
 def report(rows: list[tuple[str, float, float]], m: int, k: int, n: int) -> None:
     """Print the newest row (the first ones too, once), so a run cut short still reports."""
     if len(rows) <= 3:
@@ -169,6 +190,9 @@ def main() -> int:
                 print(f"  {variant[0]}: failed: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
                 continue
             rows.append((variant[0], us, err))
+            report(rows, m, k, n)
+        if not args.check:
+            rows.append(streamfuse_row(x, w, bias, ref, timing))
             report(rows, m, k, n)
         print(f"\nbf16 [{m}, {k}] x [{k}, {n}] + bias + GELU: done")
     return 0

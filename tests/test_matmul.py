@@ -319,3 +319,39 @@ def test_split_k_graph_replays_match_eager_on_fresh_inputs(m: int, config) -> No
             x = randn(m, 2048, device="cuda", seed=100 + i)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert compiled.stats["graphs"] == 1  # the calls above replayed one recorded graph
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("weight", ["linear", "row_major"])
+def test_tensor_descriptor_loads(weight: str, dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
+    """Config.matmul_tma: A and B arrive through tensor descriptors ("nk": a Linear weight read
+    transposed; "kn": a row-major [K, N] matrix); uneven M, N and K are zero-filled by the loads,
+    split-K included."""
+    from streamfuse.codegen.matmul import tma_layout
+
+    tma = _triton(config).replace(matmul_tma=True)
+    if weight == "linear":
+        lin = torch.nn.Linear(600, 48).to(device=device, dtype=dtype)
+        fn = lambda x: F.gelu(lin(x)) + 1.0
+    else:
+        w = randn(600, 48, dtype=dtype, device=device, seed=4)
+        fn = lambda x: torch.relu(x @ w)
+    for m in (37, 8):
+        compiled = compile_and_check(fn, [randn(m, 600, dtype=dtype, device=device)], tma)
+        (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+        source = compiled.sources[group.id]
+        assert tma_layout(group.contraction) == ("nk" if weight == "linear" else "kn")
+        assert source.descriptors and "tl.make_tensor_descriptor" in source.source
+        assert source.constexprs["SPLIT_K"] > 1 or m == 37
+
+
+def test_tensor_descriptors_only_where_they_apply(config, device) -> None:  # type: ignore[no-untyped-def]
+    """float32, one-row products and operands without a unit inner stride keep the pointer loops."""
+    tma = _triton(config).replace(matmul_tma=True)
+    w = randn(40, 24, device=device, seed=5)
+    for fn, x in ((lambda t: torch.relu(t @ w), randn(9, 40, device=device)),  # float32
+                  (lambda t: torch.relu(t @ w.half()), randn(1, 40, dtype=torch.float16, device=device)),  # one row
+                  (lambda t: torch.relu(t.t() @ w.half()), randn(40, 9, dtype=torch.float16, device=device))):  # A^T
+        compiled = compile_and_check(fn, [x], tma)
+        (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+        assert not compiled.sources[group.id].descriptors

@@ -80,6 +80,11 @@ class Config:
     matmul_max_split_k: int = 32
     """Most programs that may share one output tile of the matmul template, each summing a slice of K
     (split-K, for products whose tiles alone leave SMs idle; 1 turns split-K off)."""
+    matmul_tma: bool = False
+    """Experimental: the matmul template loads 16-bit operands through TMA tensor descriptors. A
+    stand-alone version measured 1.14x cuBLAS's GEMM alone at bf16 4096^3 with bias + GELU fused
+    (the tl.dot template: 1.5x; PERF.md run 22); this template path has run in Triton's interpreter
+    only, so it is off until it is measured on a GPU."""
     autotune: bool = True
     """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
     keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""

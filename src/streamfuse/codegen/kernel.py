@@ -57,6 +57,10 @@ class KernelSource:
     """Zero-initialised buffers (numel, dtype) passed last, owned by the launch site and reused by
     every launch (the matmul template's split-K workspace and tile counters)."""
 
+    descriptors: bool = False
+    """Builds tensor descriptors on the device (the matmul template with Config.matmul_tma): its
+    launches need Triton's global-scratch allocator (codegen/matmul.ensure_allocator)."""
+
     def scratch_tensors(self, device: torch.device) -> list[torch.Tensor]:
         return [torch.zeros(max(1, numel), dtype=dtype, device=device) for numel, dtype in self.scratch]
 
@@ -74,7 +78,7 @@ def generate(group: Group, config: Config, target: str, sm_count: int) -> Kernel
     if group.kind is GroupKind.MATMUL:
         from streamfuse.codegen.matmul import generate_matmul, heuristic_tile, with_tile
 
-        source = generate_matmul(group, target)
+        source = generate_matmul(group, target, tma=config.matmul_tma)
         return with_tile(source, group, heuristic_tile(group, config, sm_count))
     raise ValueError(f"group {group.name} of kind {group.kind.value} is not generated")
 

@@ -62,7 +62,8 @@ class MatmulTile:
                 f"g{self.group_m}{split}")
 
 
-def generate_matmul(group: Group, target: str) -> KernelSource:
+def generate_matmul(group: Group, target: str, tma: bool = False) -> KernelSource:
+    """`tma`: load A and B through tensor descriptors (Config.matmul_tma) where `tma_layout` allows."""
     mm = group.contraction
     assert mm is not None and mm.dtype is not None
     a, b = matmul_operands(mm)
@@ -81,6 +82,7 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
     # Triton's CPU interpreter multiplies bf16 tiles wrongly (numpy has no bf16): widen them there;
     # the products are exact in fp32, so the result is the same
     operands = "a.to(tl.float32), b.to(tl.float32)" if target != "cuda" and mm.dtype == torch.bfloat16 else "a, b"
+    layout = tma_layout(mm) if tma and not wide else None
     em.lines += [
         "tile = tl.program_id(0) // SPLIT_K",  # the SPLIT_K programs of one tile are neighbours
         "pid_k = tl.program_id(0) % SPLIT_K",
@@ -102,8 +104,9 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
         "offs_k = tl.arange(0, BLOCK_K)",
         # rows and columns past the edge wrap around (their results are masked at the store),
         # so the K loop's loads need no row/column masks
-        *(_gemv_loop(pa, pb, sa1, sb0, sb1, n, k) if m == 1 else _dot_loop(
-            pa, pb, sa0, sa1, sb0, sb1, m, n, k, operands, precision)),
+        *(_gemv_loop(pa, pb, sa1, sb0, sb1, n, k) if m == 1 else
+          _tma_loop(pa, pb, sa0, sb0, sb1, m, n, k, layout, operands) if layout else
+          _dot_loop(pa, pb, sa0, sa1, sb0, sb1, m, n, k, operands, precision)),
         "last = True",
         "if SPLIT_K > 1:",
         "    offs_t = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]",
@@ -133,7 +136,41 @@ def generate_matmul(group: Group, target: str) -> KernelSource:
         em.store(f"out{j}_ptr + rm * {n} + rn", store_cast(v, out), "mask")
     em.lines[body_start:] = [f"    {line}" for line in em.lines[body_start:]]  # under `if last:`
     em.scratch_params = SCRATCH_PARAMS
-    return em.finish("mm", TILE_PARAMS, grid=(1,), num_warps=4, constexprs={})
+    source = em.finish("mm", TILE_PARAMS, grid=(1,), num_warps=4, constexprs={})
+    source.descriptors = layout is not None
+    return source
+
+
+def ensure_allocator() -> None:
+    """A kernel that builds tensor descriptors asks Triton's allocator for global scratch at each
+    launch (a few hundred bytes per program); install one backed by torch's caching allocator, on
+    the launching stream, unless the caller has set their own. Triton keeps it per thread."""
+    import triton
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
+
+
+def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # 512-byte aligned blocks
+
+
+def tma_layout(mm: Node) -> str | None:
+    """How B lies for tensor-descriptor loads, or None where they do not apply. Descriptors need
+    16-bit operands here (the measured case, PERF.md run 22), two dims, a unit inner stride and
+    16-byte-aligned outer strides; B is "nk" (K contiguous: a Linear weight read transposed) or "kn"."""
+    a, b = matmul_operands(mm)
+    if mm.dtype not in (torch.float16, torch.bfloat16) or len(a.shape) != 2 or a.shape[0] == 1:
+        return None
+    aligned = lambda stride: stride * a.itemsize % 16 == 0  # noqa: E731
+    if a.strides[1] != 1 or not aligned(a.strides[0]):
+        return None
+    if b.strides[0] == 1 and aligned(b.strides[1]):
+        return "nk"
+    if b.strides[1] == 1 and aligned(b.strides[0]):
+        return "kn"
+    return None
 
 
 def _dot_loop(pa: str, pb: str, sa0: str, sa1: str, sb0: str, sb1: str, m: int, n: int, k: int,
@@ -143,6 +180,28 @@ def _dot_loop(pa: str, pb: str, sa0: str, sa1: str, sb0: str, sb1: str, m: int, 
         f"a_ptrs = {pa} + (offs_m % {m})[:, None] * {sa0} + (k_first + offs_k)[None, :] * {sa1}",
         *_k_loop(pb, sa1, sb0, sb1, n, k, "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
                  "offs_k[None, :]", f"acc = tl.dot({operands}, acc{precision})"),
+    ]
+
+
+def _tma_loop(pa: str, pb: str, sa0: str, sb0: str, sb1: str, m: int, n: int, k: int, layout: str,
+              operands: str) -> list[str]:
+    """The K loop with A and B tiles brought in by the tensor-memory accelerator (device-side tensor
+    descriptors): no per-element pointer tiles in registers (which made 128x256 tiles spill), and
+    out-of-range rows, columns and K are zero-filled by the hardware."""
+    b_desc = (f"tl.make_tensor_descriptor({pb}, shape=[{n}, {k}], strides=[{sb1}, 1], block_shape=[BLOCK_N, BLOCK_K])"
+              if layout == "nk" else
+              f"tl.make_tensor_descriptor({pb}, shape=[{k}, {n}], strides=[{sb0}, 1], block_shape=[BLOCK_K, BLOCK_N])")
+    b_load = ("b = b_desc.load([pid_n * BLOCK_N, k_at]).T" if layout == "nk" else
+              "b = b_desc.load([k_at, pid_n * BLOCK_N])")
+    return [
+        f"a_desc = tl.make_tensor_descriptor({pa}, shape=[{m}, {k}], strides=[{sa0}, 1], block_shape=[BLOCK_M, BLOCK_K])",
+        f"b_desc = {b_desc}",
+        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        "for kk in range(0, k_steps):",
+        "    k_at = k_first + kk * BLOCK_K",
+        "    a = a_desc.load([pid_m * BLOCK_M, k_at])",
+        f"    {b_load}",
+        f"    acc = tl.dot({operands}, acc)",
     ]
 
 

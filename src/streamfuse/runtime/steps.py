@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from streamfuse.codegen.kernel import KernelSource
+from streamfuse.codegen.matmul import ensure_allocator
 from streamfuse.fusion.groups import Group
 from streamfuse.ir.graph import Arg, Node, map_args
 from streamfuse.ir.rng import RngState
@@ -124,6 +125,8 @@ class KernelStep:
         if self.rng is not None:
             args += (self.rng.seed, self.rng.offset)
         args += self.scratch
+        if self.source.descriptors and self.direct:  # CUDA only; the interpreter needs no scratch
+            ensure_allocator()
         if self.direct:
             key = tuple(_specialization(a) for a in args)
             compiled = self._compiled.get(key)

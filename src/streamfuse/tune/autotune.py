@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.codegen.kernel import KernelSource, generate
-from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, heuristic_tile, with_tile
+from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, ensure_allocator, heuristic_tile, with_tile
 from streamfuse.config import Config
 from streamfuse.fusion.groups import Group
 from streamfuse.fusion.planner import plan_fusion
@@ -75,6 +75,8 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list
 
     device = next(a for a in args if isinstance(a, torch.Tensor)).device
     scratch = source.scratch_tensors(device)
+    if source.descriptors and device.type == "cuda":
+        ensure_allocator()
 
     def launch() -> Any:
         return kernel[source.grid](*args, *scratch, num_warps=source.num_warps, num_stages=source.num_stages,
