@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,14 @@ def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kerne
     return row
 
 
+def paired_ratio(one: Callable[[], Any], many: Callable[[], Any], rounds: int = 7) -> dict[str, float]:
+    """one / many, timed alternately in `rounds` rounds (four-stream replays of short kernels vary
+    by +-25% between runs, PERF.md session 8): the median ratio and its range."""
+    ratios = sorted(time_cuda_us(one, warmup=5, reps=60) / time_cuda_us(many, warmup=5, reps=60)
+                    for _ in range(rounds))
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -124,8 +133,10 @@ def main() -> int:
             a = measure(f"{tag}: 1 stream graph replay", replay_of(p1.compiled), rows)
             b = measure(f"{tag}: 4 streams graph replay", replay_of(p4.compiled), rows)
             results[f"mlp sweep {tag}"] = a["call_us"] / b["call_us"]
+            results[f"paired {tag}"] = paired_ratio(replay_of(p1.compiled), replay_of(p4.compiled))
         results["mlps"] = {"rows": rows, "speedup_4_vs_1_call": r1["call_us"] / r4["call_us"],
                            "speedup_4_vs_1_replay": g1["call_us"] / g4["call_us"],
+                           "paired_4_vs_1_replay": paired_ratio(replay_of(par1.compiled), replay_of(par4.compiled)),
                            "streams": par4.stats["streams"], "events": par4.stats["events"]}
 
         # 2. multi-branch conv block at batch 1
@@ -145,6 +156,7 @@ def main() -> int:
             ga = measure(f"{tag}: streamfuse 1 stream: graph replay", replay_of(c1), rows)
             gb = measure(f"{tag}: streamfuse {c4.stats['streams']} streams: graph replay", replay_of(c4), rows)
             results[f"speedup {tag}"] = (a["call_us"] / b["call_us"], ga["call_us"] / gb["call_us"])
+            results[f"paired {tag}"] = paired_ratio(replay_of(c1), replay_of(c4))
         results["conv"] = rows
 
         # 3. host time per call
@@ -174,7 +186,13 @@ def main() -> int:
           f"4-stream template vs 1-stream cuBLAS {results['template_4_streams_vs_cublas_1_stream']:.2f}x")
     print(f"\n4 MLPs, 4 streams vs 1 stream: {m['speedup_4_vs_1_replay']:.2f}x (graph replay), "
           f"{m['speedup_4_vs_1_call']:.2f}x (call) ({m['streams']} streams, {m['events']} events per call)")
+    p = m["paired_4_vs_1_replay"]
+    print(f"  paired rounds (graph replay, 1 vs 4 streams alternately): median {p['median']:.2f}x, "
+          f"range {p['min']:.2f}-{p['max']:.2f}x")
     for k, v in results.items():
+        if k.startswith("paired "):
+            print(f"{k.removeprefix('paired ')}: paired rounds median {v['median']:.2f}x, "
+                  f"range {v['min']:.2f}-{v['max']:.2f}x")
         if k.startswith("mlp sweep"):
             print(f"{k.removeprefix('mlp sweep ')}: 4 streams vs 1 stream: {v:.2f}x (graph replay)")
         if k.startswith("speedup conv"):

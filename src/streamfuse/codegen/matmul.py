@@ -67,7 +67,7 @@ def generate_matmul(group: Group, target: str, tma: bool = False) -> KernelSourc
     mm = group.contraction
     assert mm is not None and mm.dtype is not None
     a, b = matmul_operands(mm)
-    batch, m, n, k = matmul_dims(mm)
+    _, m, n, k = matmul_dims(mm)
     batched = len(a.shape) == 3
     em = Emitter(group, target, masks={frozenset({"rm"}): "mmask", frozenset({"rn"}): "nmask",
                                        frozenset({"rm", "rn"}): "mask"})
@@ -163,7 +163,9 @@ def tma_layout(mm: Node) -> str | None:
     a, b = matmul_operands(mm)
     if mm.dtype not in (torch.float16, torch.bfloat16) or len(a.shape) != 2 or a.shape[0] == 1:
         return None
-    aligned = lambda stride: stride * a.itemsize % 16 == 0  # noqa: E731
+    def aligned(stride: int) -> bool:
+        return stride * a.itemsize % 16 == 0
+
     if a.strides[1] != 1 or not aligned(a.strides[0]):
         return None
     if b.strides[0] == 1 and aligned(b.strides[1]):
