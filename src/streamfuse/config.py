@@ -84,7 +84,8 @@ class Config:
     """Experimental: the matmul template loads 16-bit operands through TMA tensor descriptors. A
     stand-alone version measured 1.14x cuBLAS's GEMM alone at bf16 4096^3 with bias + GELU fused
     (the tl.dot template: 1.5x; PERF.md run 22); this template path has run in Triton's interpreter
-    only, so it is off until it is measured on a GPU."""
+    only, so it is off until it is measured on a GPU. Needs a Hopper-or-newer GPU (compute
+    capability 9.0+) or Triton's interpreter."""
     autotune: bool = True
     """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
     keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""
