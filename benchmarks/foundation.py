@@ -25,19 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import streamfuse
 from streamfuse import Config
+from streamfuse.bench.workloads import chain8
 from streamfuse.profile.timing import time_cuda_us, time_graph_us
-
-
-def chain8(x: torch.Tensor) -> torch.Tensor:
-    """8 unary-style ops: eager moves 8x the bytes of the fused kernel, so <= 8x is possible."""
-    y = x * 1.5
-    y = y + 0.25
-    y = torch.sigmoid(y)
-    y = y * x
-    y = y - 0.1
-    y = torch.relu(y)
-    y = torch.exp(y)
-    return y / 3.0
 
 
 def chain8_residual(x: torch.Tensor) -> torch.Tensor:

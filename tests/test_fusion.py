@@ -6,18 +6,8 @@ import torch
 import torch.nn.functional as F
 from helpers import compile_and_check, randn
 
+from streamfuse.bench.workloads import chain8
 from streamfuse.fusion.groups import GroupKind
-
-
-def chain8(x: torch.Tensor) -> torch.Tensor:
-    y = x * 1.5
-    y = y + 0.25
-    y = torch.sigmoid(y)
-    y = y * x
-    y = y - 0.1
-    y = torch.relu(y)
-    y = torch.exp(y)
-    return y / 3.0
 
 
 def test_eight_pointwise_ops_become_one_kernel(config, device) -> None:  # type: ignore[no-untyped-def]

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_close_to_reference, compile_and_check, randn
-from test_fusion import chain8
 
 import streamfuse
+from streamfuse.bench.workloads import chain8
 from streamfuse.cli import max_error
 from streamfuse.demo_models import DEMO_MODELS
 

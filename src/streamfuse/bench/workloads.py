@@ -24,7 +24,9 @@ class Workload:
     suites: tuple[str, ...] = ("all",)
 
 
-def _chain8(x: torch.Tensor) -> torch.Tensor:
+def chain8(x: torch.Tensor) -> torch.Tensor:
+    """8 pointwise ops (mul, add, sigmoid, mul, sub, relu, exp, div): eager moves 8x the bytes of
+    the fused kernel. Shared by the bench suite, benchmarks/foundation.py and the fusion tests."""
     y = torch.sigmoid(x * 1.5 + 0.25) * x
     y = torch.exp(torch.relu(y - 0.1))
     return y / 3.0
@@ -91,8 +93,8 @@ def _resnet18(device: torch.device) -> tuple[Any, tuple[torch.Tensor, ...]]:
 
 
 WORKLOADS: list[Workload] = [
-    Workload("pointwise chain 1K", lambda d: (_chain8, (torch.randn(1024, device=d),)), suites=("all", "quick")),
-    Workload("pointwise chain 64M", lambda d: (_chain8, (torch.randn(64 * 2**20, device=d),))),
+    Workload("pointwise chain 1K", lambda d: (chain8, (torch.randn(1024, device=d),)), suites=("all", "quick")),
+    Workload("pointwise chain 64M", lambda d: (chain8, (torch.randn(64 * 2**20, device=d),))),
     Workload("softmax 4096x4096", lambda d: (lambda x: torch.softmax(x, -1), (torch.randn(4096, 4096, device=d),)),
              suites=("all", "quick")),
     Workload("layer_norm 4096x4096", lambda d: (lambda x, w, b: F.layer_norm(x, (4096,), w, b),
