@@ -59,7 +59,7 @@ class KernelSource:
 
     descriptors: bool = False
     """Builds tensor descriptors on the device (the matmul template with Config.matmul_tma): its
-    launches need Triton's global-scratch allocator (codegen/matmul.ensure_allocator)."""
+    launches need Triton's global-scratch allocator (runtime/steps.ensure_allocator)."""
 
     def scratch_tensors(self, device: torch.device) -> list[torch.Tensor]:
         return [torch.zeros(max(1, numel), dtype=dtype, device=device) for numel, dtype in self.scratch]

@@ -141,21 +141,6 @@ def generate_matmul(group: Group, target: str, tma: bool = False) -> KernelSourc
     return source
 
 
-def ensure_allocator() -> None:
-    """A kernel that builds tensor descriptors asks Triton's allocator for global scratch at each
-    launch (a few hundred bytes per program); install one backed by torch's caching allocator, on
-    the launching stream, unless the caller has set their own. Triton keeps it per thread."""
-    import triton
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_torch_scratch)
-
-
-def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")  # 512-byte aligned blocks
-
-
 def tma_layout(mm: Node) -> str | None:
     """How B lies for tensor-descriptor loads, or None where they do not apply. Descriptors need
     16-bit operands here (the measured case, PERF.md run 22), two dims, a unit inner stride and

@@ -42,10 +42,11 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
         assert g.contraction is not None
         a, b = matmul_operands(g.contraction)
         c = src.constexprs
-        split = c.get("SPLIT_K", 1)
+        split = c["SPLIT_K"]
         loop = ("matrix-vector loop" if c["BLOCK_M"] == 1 else
                 "tl.dot tiles loaded through tensor descriptors (TMA)" if src.descriptors else "tl.dot tiles")
-        split_text = f", K split {split} ways (the last program of a tile sums and runs the epilogue)" if split > 1 else ""
+        split_text = (f", K split {split} ways (the last program of a tile sums and runs the epilogue)"
+                      if split > 1 else "")
         head = (f"Triton matmul template {list(a.shape)} @ {list(b.shape)} with "
                 f"{len(g.nodes) - 1} epilogue op(s), {loop}, tile {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']}"
                 f"{split_text}, grid {src.grid}, {src.num_warps} warps, {src.num_stages} stages; {g.note}")

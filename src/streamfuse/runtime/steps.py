@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from streamfuse.codegen.kernel import KernelSource
-from streamfuse.codegen.matmul import ensure_allocator
 from streamfuse.fusion.groups import Group
 from streamfuse.ir.graph import Arg, Node, map_args
 from streamfuse.ir.rng import RngState
@@ -110,6 +109,8 @@ class KernelStep:
     rng: RngState | None = None
     """The graph's random-number state, for kernels that draw (dropout)."""
     scratch: list[torch.Tensor] = field(default_factory=list)
+    needs_allocator: bool = False
+    """Builds tensor descriptors on the GPU (KernelSource.descriptors): Triton's allocator must be set."""
     """The kernel's scratch buffers (split-K workspace and counters), allocated once: each launch
     leaves them ready for the next, and a captured graph replays with the same addresses."""
     _compiled: dict[tuple, Any] = field(default_factory=dict)
@@ -125,7 +126,7 @@ class KernelStep:
         if self.rng is not None:
             args += (self.rng.seed, self.rng.offset)
         args += self.scratch
-        if self.source.descriptors and self.direct:  # CUDA only; the interpreter needs no scratch
+        if self.needs_allocator:
             ensure_allocator()
         if self.direct:
             key = tuple(_specialization(a) for a in args)
@@ -174,6 +175,21 @@ def triton_hooks_unset() -> bool:
     return not any(getattr(h, "calls", h) for h in hooks)  # HookChain (triton >= 3.5) or None
 
 
+def ensure_allocator() -> None:
+    """A kernel that builds tensor descriptors asks Triton's allocator for global scratch at each
+    launch (a few hundred bytes per program); install one backed by torch's caching allocator, on
+    the launching stream, unless the caller has set their own. Triton keeps it per thread."""
+    import triton
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
+
+
+def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")  # 512-byte aligned blocks
+
+
 Step = NodeStep | KernelStep | HoistedStep
 
 
@@ -189,4 +205,5 @@ def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict
         direct=device.type == "cuda",
         rng=rng if source.rng else None,
         scratch=source.scratch_tensors(device),
+        needs_allocator=source.descriptors and device.type == "cuda",  # the interpreter needs none
     )

@@ -24,13 +24,14 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.codegen.kernel import KernelSource, generate
-from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, ensure_allocator, heuristic_tile, with_tile
+from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, heuristic_tile, with_tile
 from streamfuse.config import Config
 from streamfuse.fusion.groups import Group
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.profile.timing import time_graph_us
+from streamfuse.runtime.steps import ensure_allocator
 from streamfuse.tune.ceilings import DeviceCeilings
 from streamfuse.tune.progress import progress_bar
 
