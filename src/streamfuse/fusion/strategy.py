@@ -76,7 +76,7 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     epilogue = (2.0 * node.numel * node.itemsize / bw + launch) if has_epilogue else 0.0
     eff = config.triton_matmul_efficiency
     k_steps = math.ceil(k / (256 if node.itemsize <= 2 else 128))  # the deepest K tile the tuner tries
-    tiles = batch * math.ceil(m / (16 if m <= 16 else 128)) * math.ceil(n / 64)
+    tiles = batch * math.ceil(m / (16 if m <= 16 else 128)) * math.ceil(n / 64)  # ~ codegen's heuristic tile
     steps = math.ceil(k_steps / fill_split(tiles, k_steps, ceilings.sm_count, config.matmul_max_split_k))
     triton = max(flops / (rate * eff), operand_bytes / bw, steps * config.triton_matmul_k_step_us) + launch
     choice = decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,

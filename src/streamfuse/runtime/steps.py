@@ -109,10 +109,10 @@ class KernelStep:
     rng: RngState | None = None
     """The graph's random-number state, for kernels that draw (dropout)."""
     scratch: list[torch.Tensor] = field(default_factory=list)
-    needs_allocator: bool = False
-    """Builds tensor descriptors on the GPU (KernelSource.descriptors): Triton's allocator must be set."""
     """The kernel's scratch buffers (split-K workspace and counters), allocated once: each launch
     leaves them ready for the next, and a captured graph replays with the same addresses."""
+    needs_allocator: bool = False
+    """Builds tensor descriptors on the GPU (KernelSource.descriptors): Triton's allocator must be set."""
     _compiled: dict[tuple, Any] = field(default_factory=dict)
 
     def run(self, env: Env) -> None:
