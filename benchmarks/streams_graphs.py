@@ -7,7 +7,10 @@
 2. a multi-branch conv block at batch 1: 4 streams vs one stream;
 3. host time per call of a captured single-input model;
 4. the demo models: eager vs streamfuse.
-Gap ratio = GPU idle between kernels / GPU busy, over 20 back-to-back calls (torch.profiler).
+Gap ratio = GPU idle between kernels / GPU busy (torch.profiler): "in call" is the median over 10
+calls synchronized one at a time (the idle time inside a call), "back to back" over 20 calls issued
+without synchronization (it includes the idle time between calls). Config.pdl (programmatic
+dependent launch) is on by default; the MLP and conv rows are also measured with it off.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import streamfuse
 from streamfuse import Config
 from streamfuse.demo_models import DEMO_MODELS, MultiBranchConv
-from streamfuse.profile.timeline import gap_ratio, record_timeline, streams_used
+from streamfuse.profile.timeline import call_gap_ratio, gap_ratio, record_timeline, streams_used
 from streamfuse.profile.timing import capture_graph, host_us_per_call, time_cuda_us
 
 
@@ -66,8 +69,13 @@ def eager_graph_streams(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
 def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kernels: int | None = None) -> dict:
     call = time_cuda_us(fn, warmup=20, reps=200)
     timeline = record_timeline(fn, calls=20)
-    row = {"mode": label, "call_us": call, "gap_ratio": gap_ratio(timeline), "streams_seen": streams_used(timeline),
-           "gpu_ops_per_call": len(timeline) / 20, "kernels": kernels}
+    one_by_one = record_timeline(fn, calls=10, sync_each=True)
+    try:
+        in_call = call_gap_ratio(one_by_one, 10)
+    except ValueError:  # a call launched a varying number of GPU ops (not a graph replay)
+        in_call = float("nan")
+    row = {"mode": label, "call_us": call, "gap_ratio": gap_ratio(timeline), "call_gap_ratio": in_call,
+           "streams_seen": streams_used(timeline), "gpu_ops_per_call": len(timeline) / 20, "kernels": kernels}
     rows.append(row)
     return row
 
@@ -110,6 +118,18 @@ def main() -> int:
         r4 = measure("streamfuse parallel, 4 streams: call", lambda: par4(*xs), rows, par4.stats["kernels"])
         g1 = measure("streamfuse 1 stream: graph replay", replay_of(par1.compiled), rows)
         g4 = measure("streamfuse parallel, 4 streams: graph replay", replay_of(par4.compiled), rows)
+        off4 = streamfuse.parallel(pairs, config.replace(pdl=False))
+        off1 = streamfuse.parallel(pairs, config.replace(pdl=False, max_streams=1))
+        for p in (off4, off1):
+            for o, m, x in zip(p(*xs), models, xs, strict=True):
+                torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
+        o1 = measure("pdl off, 1 stream: graph replay", replay_of(off1.compiled), rows, off1.stats["kernels"])
+        o4 = measure("pdl off, 4 streams: graph replay", replay_of(off4.compiled), rows, off4.stats["kernels"])
+        results["pdl_off_4_vs_1_replay"] = o1["call_us"] / o4["call_us"]
+        results["pdl_gain_4_streams"] = o4["call_us"] / g4["call_us"]
+        results["pdl_gain_1_stream"] = o1["call_us"] / g1["call_us"]
+        results["paired pdl off: 4 MLPs d=1024 float32"] = paired_ratio(replay_of(off1.compiled),
+                                                                        replay_of(off4.compiled))
         measure("control: eager kernels, hand-written 4-stream graph",
                 eager_graph_streams([lambda m=m, x=x: m(x) for m, x in pairs_x(models, xs)]), rows)
         # the same four MLPs with every product through cuBLAS + a separate bias/ReLU kernel (what
@@ -157,6 +177,13 @@ def main() -> int:
             gb = measure(f"{tag}: streamfuse {c4.stats['streams']} streams: graph replay", replay_of(c4), rows)
             results[f"speedup {tag}"] = (a["call_us"] / b["call_us"], ga["call_us"] / gb["call_us"])
             results[f"paired {tag}"] = paired_ratio(replay_of(c1), replay_of(c4))
+            p4 = streamfuse.compile(block, (x,), config.replace(pdl=False))
+            p1 = streamfuse.compile(block, (x,), config.replace(pdl=False, max_streams=1))
+            torch.testing.assert_close(p4(x), block(x), rtol=1e-3, atol=1e-3)
+            p1(x)
+            measure(f"{tag}: pdl off, 1 stream: graph replay", replay_of(p1), rows)
+            measure(f"{tag}: pdl off, {p4.stats['streams']} streams: graph replay", replay_of(p4), rows)
+            results[f"paired pdl off: {tag}"] = paired_ratio(replay_of(p1), replay_of(p4))
         results["conv"] = rows
 
         # 3. host time per call
@@ -165,6 +192,16 @@ def main() -> int:
         results["host_us_eager_mlp"] = host_us_per_call(lambda: models[0](xs[0]))
         reuse = streamfuse.compile(models[0], (xs[0],), config.replace(reuse_outputs=True))
         results["host_us_single_input_mlp_reuse"] = host_us_per_call(lambda: reuse(xs[0]))
+        unchecked = streamfuse.compile(models[0], (xs[0],), config.replace(check_inputs=False))
+        results["host_us_single_input_mlp_unchecked"] = host_us_per_call(lambda: unchecked(xs[0]))
+        buf = torch.empty_like(xs[0])
+        results["host_components_us"] = {  # what one call is made of, each alone
+            "graph replay": host_us_per_call(replay_of(single)),
+            "copy_ of the input": host_us_per_call(lambda: buf.copy_(xs[0])),
+            "clone of the output": host_us_per_call(lambda: buf.clone()),
+            "torch.empty": host_us_per_call(lambda: torch.empty(1, d, device="cuda")),
+            "an empty Python call": host_us_per_call(lambda: None),
+        }
 
         # 4. demo models
         demo = []
@@ -177,10 +214,12 @@ def main() -> int:
         results["demo"] = demo
 
     print()
-    print(f"{'mode':44} {'call µs':>9} {'gap ratio':>10} {'streams':>8} {'GPU ops/call':>13}")
+    print(f"{'mode':52} {'call µs':>9} {'gap in call':>12} {'back to back':>13} {'streams':>8} {'GPU ops/call':>13}")
     for r in results["mlps"]["rows"] + results["conv"]:
-        print(f"{r['mode']:44} {r['call_us']:9.1f} {100 * r['gap_ratio']:9.1f}% {r['streams_seen']:8d} "
-              f"{r['gpu_ops_per_call']:13.1f}")
+        print(f"{r['mode']:52} {r['call_us']:9.1f} {100 * r['call_gap_ratio']:11.1f}% {100 * r['gap_ratio']:12.1f}% "
+              f"{r['streams_seen']:8d} {r['gpu_ops_per_call']:13.1f}")
+    print(f"\n4 MLPs with pdl off: 4 vs 1 stream {results['pdl_off_4_vs_1_replay']:.2f}x; pdl on vs off: "
+          f"{results['pdl_gain_4_streams']:.2f}x (4 streams), {results['pdl_gain_1_stream']:.2f}x (1 stream)")
     m = results["mlps"]
     print(f"\n4 MLPs through cuBLAS + epilogue kernels: 4 vs 1 stream {results['cublas_4_vs_1_replay']:.2f}x; "
           f"auto (template) vs cuBLAS, both on 4 streams: {results['auto_4_streams_vs_cublas_4_streams']:.2f}x")
@@ -200,7 +239,10 @@ def main() -> int:
                   f"{v[0]:.2f}x (call)")
     print(f"host time per call, single-input MLP: streamfuse {results['host_us_single_input_mlp']:.1f} µs "
           f"(reuse_outputs=True: {results['host_us_single_input_mlp_reuse']:.1f} µs), "
-          f"eager {results['host_us_eager_mlp']:.1f} µs")
+          f"eager {results['host_us_eager_mlp']:.1f} µs, check_inputs=False "
+          f"{results['host_us_single_input_mlp_unchecked']:.1f} µs")
+    print("host time per call of the pieces: " + ", ".join(f"{k} {v:.1f} µs"
+                                                           for k, v in results["host_components_us"].items()))
     for r in results["demo"]:
         print(f"demo {r['model']:20} eager {r['eager_us']:8.1f} µs  streamfuse {r['streamfuse_us']:8.1f} µs  "
               f"{r['eager_us'] / r['streamfuse_us']:.2f}x  ({r['kernels']} kernels, {r['streams']} streams)")

@@ -13,7 +13,7 @@ from streamfuse import Config
 from streamfuse.capture.export import capture
 from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.from_fx import graph_from_fx
-from streamfuse.profile.timeline import Interval, gap_ratio, intervals_from_trace, span, union_length
+from streamfuse.profile.timeline import Interval, call_gap_ratio, gap_ratio, intervals_from_trace, span, union_length
 
 
 class FourBranch(torch.nn.Module):
@@ -163,6 +163,16 @@ def test_timeline_arithmetic_on_synthetic_timelines() -> None:
     assert gap_ratio(ivs) == pytest.approx(10 / 30)
     assert gap_ratio([_iv(0, 5), _iv(5, 9)]) == 0
     assert gap_ratio([]) == 0
+
+
+def test_call_gap_ratio_leaves_out_the_time_between_calls() -> None:
+    # three calls of two overlapping kernels each; inside a call the gaps are 1, 0 and 4 per 10 busy
+    calls = [[_iv(0, 6), _iv(7, 11, 1)], [_iv(100, 110), _iv(102, 104, 1)], [_iv(200, 205), _iv(209, 214, 1)]]
+    ivs = [iv for call in reversed(calls) for iv in call]  # the order they arrive in does not matter
+    assert call_gap_ratio(ivs, 3) == pytest.approx(0.1)  # the median of 0.1, 0 and 0.4
+    assert gap_ratio(ivs) > 5  # back to back, the idle time between calls dominates
+    with pytest.raises(ValueError, match="do not split into 4 calls"):
+        call_gap_ratio(ivs, 4)
 
 
 def test_intervals_from_a_chrome_trace() -> None:

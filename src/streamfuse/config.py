@@ -86,6 +86,11 @@ class Config:
     (the tl.dot template: 1.5x; PERF.md run 22); this template path has run in Triton's interpreter
     only, so it is off until it is measured on a GPU. Needs a Hopper-or-newer GPU (compute
     capability 9.0+) or Triton's interpreter."""
+    pdl: bool = True
+    """On Hopper or newer GPUs, launch generated kernels with programmatic dependent launch: a
+    kernel may start while the one before it on its stream finishes, and waits (griddepcontrol.wait)
+    before it reads anything that kernel could have written; the matrix-vector loop reads its
+    constant weights before that wait. Hides the launch gap between dependent kernels."""
     autotune: bool = True
     """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
     keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""

@@ -57,6 +57,10 @@ class KernelSource:
     """Zero-initialised buffers (numel, dtype) passed last, owned by the launch site and reused by
     every launch (the matmul template's split-K workspace and tile counters)."""
 
+    pdl: bool = False
+    """Compiled for programmatic dependent launch: it signals its dependents at its start and waits
+    for the previous kernel on its stream (griddepcontrol) before reading anything that kernel may
+    write. Launched with the attribute where runtime/steps.py finds it safe."""
     descriptors: bool = False
     """Builds tensor descriptors on the device (the matmul template with Config.matmul_tma): its
     launches need Triton's global-scratch allocator (runtime/steps.ensure_allocator)."""
@@ -65,20 +69,29 @@ class KernelSource:
         return [torch.zeros(max(1, numel), dtype=dtype, device=device) for numel, dtype in self.scratch]
 
 
-def generate(group: Group, config: Config, target: str, sm_count: int) -> KernelSource:
+def use_pdl(config: Config, device: torch.device) -> bool:
+    """Compile for programmatic dependent launch: Config.pdl on a GPU of compute capability 9.0
+    (Hopper) or newer."""
+    return config.pdl and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def generate(group: Group, config: Config, target: str, sm_count: int, pdl: bool = False,
+             constants: frozenset[Node] = frozenset()) -> KernelSource:
     """Triton source for a generated group. `target` is "cuda" or "interpret". A MATMUL group's
-    source comes with the heuristic tile (codegen/matmul.py); the tuner may pick another."""
+    source comes with the heuristic tile (codegen/matmul.py); the tuner may pick another.
+    `pdl`: compile for programmatic dependent launch (Hopper+, KernelSource.pdl); `constants` are
+    nodes no kernel writes (weights and their views), which a PDL kernel may read before its wait."""
     if group.kind is GroupKind.POINTWISE:
-        return _generate_pointwise(group, config, target)
+        return _generate_pointwise(group, config, target, pdl)
     if group.kind is GroupKind.REDUCTION:
         assert group.domain is not None
-        return _generate_reduction(group, group.domain, config, target, sm_count)
+        return _generate_reduction(group, group.domain, config, target, sm_count, pdl)
     if group.kind is GroupKind.HORIZONTAL:
-        return _generate_horizontal(group, config, target)
+        return _generate_horizontal(group, config, target, pdl)
     if group.kind is GroupKind.MATMUL:
         from streamfuse.codegen.matmul import generate_matmul, heuristic_tile, with_tile
 
-        source = generate_matmul(group, target, tma=config.matmul_tma)
+        source = generate_matmul(group, target, tma=config.matmul_tma, pdl=pdl, constants=constants)
         return with_tile(source, group, heuristic_tile(group, config, sm_count))
     raise ValueError(f"group {group.name} of kind {group.kind.value} is not generated")
 
@@ -87,11 +100,11 @@ def needs_int64(group: Group, n: int) -> bool:
     return max([n] + [x.numel for x in group.inputs + group.outputs]) > INT32_LIMIT
 
 
-def _generate_pointwise(group: Group, config: Config, target: str) -> KernelSource:
+def _generate_pointwise(group: Group, config: Config, target: str, pdl: bool) -> KernelSource:
     n = math.prod(group.shape)
     block, num_warps = pointwise_launch(n, config, group.split)
     pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, n) else "tl.program_id(0)"
-    em = Emitter(group, target, masks={frozenset({"offs"}): "mask"})
+    em = Emitter(group, target, masks={frozenset({"offs"}): "mask"}, pdl=pdl)
     _pointwise_body(em, group, block, pid, out_offset=0)
     return em.finish("pw", ["BLOCK: tl.constexpr"], grid=(math.ceil(n / block),), num_warps=num_warps,
                      constexprs={"BLOCK": block})
@@ -111,12 +124,12 @@ def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset:
         em.store(f"out{out_offset + j}_ptr + offs", store_cast(v, out), em.mask_for(frozenset({"offs"})))
 
 
-def _generate_horizontal(group: Group, config: Config, target: str) -> KernelSource:
+def _generate_horizontal(group: Group, config: Config, target: str, pdl: bool) -> KernelSource:
     """One launch, one program-id range per part: `if pid < end0: part 0 elif pid < end1: part 1 ...`."""
     sizes = [math.prod(p.shape) for p in group.parts]
     block, num_warps = pointwise_launch(max(sizes), config, max(p.split for p in group.parts))
     wide = any(needs_int64(p, n) for p, n in zip(group.parts, sizes, strict=True))
-    top = Emitter(group, target, masks={})
+    top = Emitter(group, target, masks={}, pdl=pdl)
     top.lines.append("pid = tl.program_id(0).to(tl.int64)" if wide else "pid = tl.program_id(0)")
     start, out_offset = 0, 0
     for k, (part, n) in enumerate(zip(group.parts, sizes, strict=True)):
@@ -134,12 +147,12 @@ def _generate_horizontal(group: Group, config: Config, target: str) -> KernelSou
 
 
 def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, target: str,
-                        sm_count: int) -> KernelSource:
+                        sm_count: int, pdl: bool) -> KernelSource:
     m, r = dom.rows, dom.row_size
     block_m, block_r, num_warps = reduction_launch(dom, config, sm_count, group.split)
     pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, m * r) else "tl.program_id(0)"
     em = Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
-                                        frozenset({"rows", "cols"}): "mask"})
+                                        frozenset({"rows", "cols"}): "mask"}, pdl=pdl)
     em.lines += [f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]", "cols = tl.arange(0, BLOCK_R)[None, :]"]
     full_rows, full_cols = m % block_m == 0, r == block_r
     em.lines += [] if full_rows else [f"rmask = rows < {m}"]
@@ -183,9 +196,13 @@ def store_cast(v: Operand, out: Node) -> str:
 
 class Emitter:
     def __init__(self, group: Group, target: str, masks: dict[frozenset[str], str],
-                 input_slot: dict[Node, int] | None = None):
+                 input_slot: dict[Node, int] | None = None, pdl: bool = False):
         self.group = group
         self.target = target
+        self.pdl = pdl
+        """Programmatic dependent launch (KernelSource.pdl): `finish` puts the dependents' signal
+        and, unless the template placed it itself (`waits`), the grid-dependency wait first."""
+        self.waits = False
         self.masks = masks
         self.members = set(group.nodes)
         self.input_slot = input_slot if input_slot is not None else {n: i for i, n in enumerate(group.inputs)}
@@ -325,12 +342,17 @@ class Emitter:
         params += ["rng_seed", "rng_offset"] if self.uses_rng else []
         params += self.scratch_params
         params += constexpr_params
-        body = "\n".join(f"    {line}" for line in self.lines)
+        lines = self.lines
+        if self.pdl:  # before any load: nothing a previous kernel writes may be read earlier
+            lines = ["gdc_launch_dependents()", *([] if self.waits else ["gdc_wait()"]), *lines]
+        body = "\n".join(f"    {line}" for line in lines)
         signature = ", ".join(params)
         digest = hashlib.sha256(f"{self.target}\n{signature}\n{body}".encode()).hexdigest()[:12]
         fn_name = f"sf_{tag}_{digest}"
         ops = [n.op for n in self.group.nodes]
         header = ["import triton", "import triton.language as tl"]
+        if self.pdl:
+            header.append("from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait")
         if "libdevice." in body:
             header.append("from triton.language.extra import libdevice")
         for helper in sorted(self.helpers):
@@ -344,4 +366,4 @@ class Emitter:
         return KernelSource(fn_name=fn_name, source=source, inputs=list(self.group.inputs),
                             input_stride_dims=stride_dims, outputs=list(self.group.outputs), grid=grid,
                             num_warps=num_warps, constexprs=constexprs, ops=ops, num_stages=num_stages,
-                            rng=self.uses_rng)
+                            rng=self.uses_rng, pdl=self.pdl)

@@ -62,15 +62,19 @@ class MatmulTile:
                 f"g{self.group_m}{split}")
 
 
-def generate_matmul(group: Group, target: str, tma: bool = False) -> KernelSource:
-    """`tma`: load A and B through tensor descriptors (Config.matmul_tma) where `tma_layout` allows."""
+def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = False,
+                    constants: frozenset[Node] = frozenset()) -> KernelSource:
+    """`tma`: load A and B through tensor descriptors (Config.matmul_tma) where `tma_layout` allows.
+    `pdl`: programmatic dependent launch (codegen/kernel.generate); a matrix-vector product whose B
+    is in `constants` reads its first B tile before the grid-dependency wait."""
     mm = group.contraction
     assert mm is not None and mm.dtype is not None
     a, b = matmul_operands(mm)
     _, m, n, k = matmul_dims(mm)
     batched = len(a.shape) == 3
     em = Emitter(group, target, masks={frozenset({"rm"}): "mmask", frozenset({"rn"}): "nmask",
-                                       frozenset({"rm", "rn"}): "mask"})
+                                       frozenset({"rm", "rn"}): "mask"}, pdl=pdl)
+    em.waits = prefetch = pdl and m == 1 and b in constants
     wide = needs_int64(group, m * n) or max(a.numel, b.numel) > INT32_LIMIT
     *sa_batch, sa0, sa1 = _strides(em, a)
     *sb_batch, sb0, sb1 = _strides(em, b)
@@ -104,7 +108,7 @@ def generate_matmul(group: Group, target: str, tma: bool = False) -> KernelSourc
         "offs_k = tl.arange(0, BLOCK_K)",
         # rows and columns past the edge wrap around (their results are masked at the store),
         # so the K loop's loads need no row/column masks
-        *(_gemv_loop(pa, pb, sa1, sb0, sb1, n, k) if m == 1 else
+        *(_gemv_loop(pa, pb, sa1, sb0, sb1, n, k, prefetch) if m == 1 else
           _tma_loop(pa, pb, sa0, sb0, sb1, m, n, k, layout, operands) if layout else
           _dot_loop(pa, pb, sa0, sa1, sb0, sb1, m, n, k, operands, precision)),
         "last = True",
@@ -192,15 +196,34 @@ def _tma_loop(pa: str, pb: str, sa0: str, sb0: str, sb1: str, m: int, n: int, k:
     ]
 
 
-def _gemv_loop(pa: str, pb: str, sa1: str, sb0: str, sb1: str, n: int, k: int) -> list[str]:
+def _gemv_loop(pa: str, pb: str, sa1: str, sb0: str, sb1: str, n: int, k: int, prefetch: bool) -> list[str]:
     """The K loop of a one-row product (batch-1 inference): a matrix-vector product on the CUDA
     cores, bandwidth-bound on B. tl.dot would pad the row to 16 (wasting 15/16 of the tensor-core
     work) and, for float32, fall back to a slow FMA path; here each step multiplies the row slice
-    into the B tile in float32 and sums down K, exact products in every dtype. BLOCK_M is 1."""
+    into the B tile in float32 and sums down K, exact products in every dtype. BLOCK_M is 1.
+
+    `prefetch` (programmatic dependent launch, B a constant such as a Linear weight): the first B
+    tile is loaded before the grid-dependency wait, so the weight read, the bulk of a matrix-vector
+    product's time, overlaps the previous kernel; only the row (its output) is read after the wait."""
+    init = "acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)"
+    step = "acc_n += tl.sum(a.to(tl.float32)[:, None] * b.to(tl.float32), axis=0)"
+    b_ptrs = f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}"
+    a_ptrs = f"a_ptrs = {pa} + (k_first + offs_k) * {sa1}"
+    if not prefetch:
+        return [a_ptrs, *_k_loop(pb, sa1, sb0, sb1, n, k, init, "offs_k", step), "acc = acc_n[None, :]"]
     return [
-        f"a_ptrs = {pa} + (k_first + offs_k) * {sa1}",
-        *_k_loop(pb, sa1, sb0, sb1, n, k, "acc_n = tl.zeros((BLOCK_N,), dtype=tl.float32)", "offs_k",
-                 "acc_n += tl.sum(a.to(tl.float32)[:, None] * b.to(tl.float32), axis=0)"),
+        a_ptrs, b_ptrs, init,
+        "if EVEN_K:",
+        "    b = tl.load(b_ptrs)",
+        "else:",
+        f"    b = tl.load(b_ptrs, mask=offs_k[:, None] < {k} - k_first, other=0.0)",
+        "gdc_wait()",
+        "if EVEN_K:",
+        "    a = tl.load(a_ptrs)",
+        "else:",
+        f"    a = tl.load(a_ptrs, mask=offs_k < {k} - k_first, other=0.0)",
+        step,
+        *_k_steps(sa1, sb0, k, "offs_k", step, first=1),
         "acc = acc_n[None, :]",
     ]
 
@@ -211,7 +234,16 @@ def _k_loop(pb: str, sa1: str, sb0: str, sb1: str, n: int, k: int, init: str, a_
     return [
         f"b_ptrs = {pb} + (k_first + offs_k)[:, None] * {sb0} + (offs_n % {n})[None, :] * {sb1}",
         init,
-        "for kk in range(0, k_steps):",
+        *_k_steps(sa1, sb0, k, a_k, step, first=0),
+    ]
+
+
+def _k_steps(sa1: str, sb0: str, k: int, a_k: str, step: str, first: int) -> list[str]:
+    """Steps `first`.. of the K slice (the loop itself; `a_ptrs` and `b_ptrs` point at step `first`)."""
+    advance = [f"a_ptrs += BLOCK_K * {sa1}", f"b_ptrs += BLOCK_K * {sb0}"]
+    return [
+        *advance[: 2 * first],  # after a peeled first step
+        f"for kk in range({first}, k_steps):",
         "    if EVEN_K:",
         "        a = tl.load(a_ptrs)",
         "        b = tl.load(b_ptrs)",
@@ -220,8 +252,7 @@ def _k_loop(pb: str, sa1: str, sb0: str, sb1: str, n: int, k: int, init: str, a_
         f"        a = tl.load(a_ptrs, mask={a_k} < k_left, other=0.0)",
         "        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)",
         f"    {step}",
-        f"    a_ptrs += BLOCK_K * {sa1}",
-        f"    b_ptrs += BLOCK_K * {sb0}",
+        *(f"    {line}" for line in advance),
     ]
 
 

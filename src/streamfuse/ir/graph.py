@@ -111,6 +111,15 @@ class Graph:
     def output_nodes(self) -> list[Node]:
         return [o for o in self.outputs if isinstance(o, Node)]
 
+    def constant_nodes(self) -> frozenset[Node]:
+        """Nodes no kernel writes: the constants, and views of them (a Linear's transposed weight)."""
+        fixed = set(self.constants)
+        for n in self.nodes:
+            inputs = n.input_nodes()
+            if n.kind is OpKind.VIEW and inputs and all(a in fixed for a in inputs):
+                fixed.add(n)
+        return frozenset(fixed)
+
     def ops(self) -> list[Node]:
         """The nodes that are operations (everything but graph inputs)."""
         return [n for n in self.nodes if n.kind is not OpKind.INPUT]

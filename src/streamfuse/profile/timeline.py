@@ -2,7 +2,9 @@
 
 gap ratio = (span - busy) / busy, where busy is the length of the union of all kernel intervals
 (overlapping kernels on several streams count once) and span runs from the first kernel's start
-to the last one's end: the GPU's idle time between kernels per unit of busy time.
+to the last one's end: the GPU's idle time between kernels per unit of busy time. Over calls issued
+back to back it includes the idle time between calls (graph launches, the host); `call_gap_ratio`
+takes calls one at a time (synchronized between them) and reports the idle time inside a call.
 """
 
 from __future__ import annotations
@@ -53,6 +55,18 @@ def gap_ratio(intervals: list[Interval]) -> float:
     return (span(intervals) - busy) / busy if busy > 0 else 0.0
 
 
+def call_gap_ratio(intervals: list[Interval], calls: int) -> float:
+    """Median gap ratio within one call, for the intervals of `calls` calls recorded with a
+    synchronization after each (record_timeline(sync_each=True)): calls do not overlap, so the
+    intervals in start order are `calls` equal runs."""
+    if not intervals or len(intervals) % calls:
+        raise ValueError(f"{len(intervals)} GPU intervals do not split into {calls} calls of equal size")
+    per = len(intervals) // calls
+    ordered = sorted(intervals, key=lambda i: i.start_us)
+    ratios = sorted(gap_ratio(ordered[c * per: (c + 1) * per]) for c in range(calls))
+    return ratios[len(ratios) // 2]
+
+
 def streams_used(intervals: list[Interval]) -> int:
     return len({i.stream for i in intervals})
 
@@ -69,8 +83,9 @@ def intervals_from_trace(trace: dict[str, Any]) -> list[Interval]:
     return out
 
 
-def record_timeline(fn: Callable[[], Any], calls: int = 20, warmup: int = 5) -> list[Interval]:
-    """GPU intervals of `calls` back-to-back calls of fn (CUDA only)."""
+def record_timeline(fn: Callable[[], Any], calls: int = 20, warmup: int = 5, sync_each: bool = False) -> list[Interval]:
+    """GPU intervals of `calls` calls of fn (CUDA only): back to back, or with `sync_each` one at a
+    time (for call_gap_ratio)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -80,6 +95,8 @@ def record_timeline(fn: Callable[[], Any], calls: int = 20, warmup: int = 5) -> 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
+            if sync_each:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"

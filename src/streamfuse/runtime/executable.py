@@ -13,7 +13,7 @@ from typing import Any
 import networkx as nx
 import torch
 
-from streamfuse.codegen.kernel import KernelSource, generate
+from streamfuse.codegen.kernel import KernelSource, generate, use_pdl
 from streamfuse.config import Config
 from streamfuse.fusion.groups import GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
@@ -22,7 +22,7 @@ from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
 from streamfuse.ir.rng import RngState, attach_rng
 from streamfuse.profile import known
-from streamfuse.runtime.steps import HoistedStep, NodeStep, Step, make_kernel_step
+from streamfuse.runtime.steps import HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
 from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.schedule.plan import StreamSchedule, schedule_steps
@@ -68,7 +68,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     plan = plan_fusion(graph, config, choices, sm_count)
     # 2. Triton source for each generated group (always, so explain() shows it on any machine);
     #    on the GPU the matmul template's tile is tuned (or read from the tuning cache)
-    sources = {g.id: generate(g, config, target, sm_count) for g in plan.groups if g.kind.generated}
+    pdl = on_gpu and use_pdl(config, device)
+    constants = graph.constant_nodes()
+    sources = {g.id: generate(g, config, target, sm_count, pdl, constants) for g in plan.groups if g.kind.generated}
     if on_gpu and config.autotune:
         from streamfuse.tune.autotune import tune_matmul
 
@@ -90,11 +92,28 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     steps = _hoist_constant_aliases(plan, steps, graph)
     # 5. streams and events for the launches (a pure function; planned on every device)
     schedule = schedule_steps(plan, config)
+    mark_pdl_launches(steps, schedule)
     exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
     exe.ceilings = ceilings
     exe.rng = rng
     exe.sm_count = sm_count
     return exe
+
+
+def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule) -> None:
+    """A kernel compiled for programmatic dependent launch is launched with the attribute only where
+    the launch before it on its stream is one of ours: that kernel writes nothing the early reads
+    (constants) touch, and signals early. The first launch on a stream follows the caller's work
+    (which may be writing a weight in place) and is launched plainly; its wait is then a no-op."""
+    last_on: dict[int, Step] = {}
+    for i in schedule.order if schedule.streams > 1 else range(len(steps)):
+        step = steps[i]
+        if isinstance(step, HoistedStep) or step.group.kind is GroupKind.ALIAS:
+            continue  # launches nothing
+        stream = schedule.stream_of.get(i, 0) if schedule.streams > 1 else 0
+        if isinstance(step, KernelStep):
+            step.pdl = step.source.pdl and isinstance(last_on.get(stream), KernelStep)
+        last_on[stream] = step
 
 
 def _load(source: KernelSource, config: Config) -> Any:

@@ -113,6 +113,9 @@ class KernelStep:
     leaves them ready for the next, and a captured graph replays with the same addresses."""
     needs_allocator: bool = False
     """Builds tensor descriptors on the GPU (KernelSource.descriptors): Triton's allocator must be set."""
+    pdl: bool = False
+    """Launch with programmatic dependent launch (a KernelSource.pdl kernel right after another of
+    ours on its stream: runtime/executable.mark_pdl_launches)."""
     _compiled: dict[tuple, Any] = field(default_factory=dict)
 
     def run(self, env: Env) -> None:
@@ -149,6 +152,8 @@ class KernelStep:
 
     def _launch(self, args: list[Any]) -> Any:
         options: dict[str, Any] = {"num_warps": self.source.num_warps}
+        if self.pdl:
+            options["launch_pdl"] = True
         if self.source.num_stages is not None:
             options["num_stages"] = self.source.num_stages
         return self.kernel[self.source.grid](*args, **options, **self.source.constexprs)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from streamfuse.codegen.kernel import KernelSource, generate
+from streamfuse.codegen.kernel import KernelSource, generate, use_pdl
 from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, heuristic_tile, with_tile
 from streamfuse.config import Config
 from streamfuse.fusion.groups import Group
@@ -81,7 +81,7 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list
 
     def launch() -> Any:
         return kernel[source.grid](*args, *scratch, num_warps=source.num_warps, num_stages=source.num_stages,
-                                   **source.constexprs)
+                                   launch_pdl=source.pdl, **source.constexprs)
 
     try:
         compiled = launch()
@@ -164,7 +164,7 @@ def measure_choices(graph: Graph, config: Config, ceilings: DeviceCeilings, devi
         node = group.contraction
         if node is None:
             continue
-        source = generate(group, config, "cuda", ceilings.sm_count)
+        source = generate(group, config, "cuda", ceilings.sm_count, use_pdl(config, device), graph.constant_nodes())
         _, triton_us = tune_matmul(group, source, load(source), config, device)
         cublas_us = time_aten(node, device)
         model = modelled[node]

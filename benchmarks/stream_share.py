@@ -1,0 +1,64 @@
+"""How wide should a kernel be when it shares the GPU with kernels on other streams?
+
+Four independent 3-layer MLPs (d=1024, fp32, batch 1) through streamfuse.parallel, on 1 and on 4
+streams, with the split-K cap (Config.matmul_max_split_k, which bounds the programs per matrix-vector
+product) swept: a full-GPU kernel leaves nothing for the other streams, a narrow one is slower alone.
+Graph replay times side by side in one run, each ratio over 7 alternating rounds.
+
+    python benchmarks/stream_share.py [--splits 1 2 4 8 32] [--pdl on off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import streamfuse  # noqa: E402
+from streamfuse import Config  # noqa: E402
+from streamfuse.profile.timing import time_cuda_us  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 32])
+    parser.add_argument("--pdl", nargs="+", default=["on", "off"], choices=["on", "off"])
+    parser.add_argument("--d", type=int, default=1024)
+    parser.add_argument("--out", default="out")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    d = args.d
+    models = [torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d), torch.nn.ReLU(),
+                                  torch.nn.Linear(d, d)).eval().cuda() for _ in range(4)]
+    xs = [torch.randn(1, d, device="cuda") for _ in range(4)]
+    pairs = [(m, (x,)) for m, x in zip(models, xs, strict=True)]
+    print(f"{'pdl':>4} {'max split':>9} {'1 stream µs':>12} {'4 streams µs':>13} {'ratio median':>13} {'range':>12} "
+          f"{'splits chosen':>16}")
+    with torch.no_grad():
+        for pdl in args.pdl:
+            for split in args.splits:
+                config = Config(cache_dir=Path(args.out) / "cache", matmul_max_split_k=split, pdl=pdl == "on")
+                one = streamfuse.parallel(pairs, config.replace(max_streams=1))
+                four = streamfuse.parallel(pairs, config)
+                for p in (one, four):
+                    for o, m, x in zip(p(*xs), models, xs, strict=True):
+                        torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
+                (g1,) = one.compiled.recorded_graphs().values()
+                (g4,) = four.compiled.recorded_graphs().values()
+                t1, t4, ratios = [], [], []
+                for _ in range(7):
+                    a, b = time_cuda_us(g1.replay, warmup=5, reps=60), time_cuda_us(g4.replay, warmup=5, reps=60)
+                    t1.append(a), t4.append(b), ratios.append(a / b)
+                chosen = sorted({s.constexprs.get("SPLIT_K", 1) for s in four.compiled.base.sources.values()})
+                print(f"{pdl:>4} {split:9d} {statistics.median(t1):12.1f} {statistics.median(t4):13.1f} "
+                      f"{statistics.median(ratios):12.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x {str(chosen):>16}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
