@@ -80,6 +80,21 @@ def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kerne
     return row
 
 
+def call_timeline(label: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The GPU intervals of one call (the median-length of 5 synchronized calls), relative to its
+    first kernel's start: to see where a schedule's time goes."""
+    calls = []
+    for _ in range(5):
+        ivs = record_timeline(fn, calls=1, warmup=2)
+        t0 = min(i.start_us for i in ivs)
+        calls.append([{"name": i.name[:24], "stream": i.stream, "start": round(i.start_us - t0, 2),
+                       "dur": round(i.duration_us, 2)} for i in sorted(ivs, key=lambda i: i.start_us)])
+    calls.sort(key=lambda c: max(k["start"] + k["dur"] for k in c))
+    chosen = calls[len(calls) // 2]
+    print(f"\none call, {label}: " + "; ".join(f"s{k['stream']} {k['start']:.1f}+{k['dur']:.1f}" for k in chosen))
+    return chosen
+
+
 def paired_ratio(one: Callable[[], Any], many: Callable[[], Any], rounds: int = 7) -> dict[str, float]:
     """one / many, timed alternately in `rounds` rounds (four-stream replays of short kernels vary
     by +-25% between runs, PERF.md session 8): the median ratio and its range."""
@@ -154,6 +169,8 @@ def main() -> int:
             b = measure(f"{tag}: 4 streams graph replay", replay_of(p4.compiled), rows)
             results[f"mlp sweep {tag}"] = a["call_us"] / b["call_us"]
             results[f"paired {tag}"] = paired_ratio(replay_of(p1.compiled), replay_of(p4.compiled))
+        results["timeline 4 MLPs 1 stream"] = call_timeline("4 MLPs, 1 stream", replay_of(par1.compiled))
+        results["timeline 4 MLPs 4 streams"] = call_timeline("4 MLPs, 4 streams", replay_of(par4.compiled))
         results["mlps"] = {"rows": rows, "speedup_4_vs_1_call": r1["call_us"] / r4["call_us"],
                            "speedup_4_vs_1_replay": g1["call_us"] / g4["call_us"],
                            "paired_4_vs_1_replay": paired_ratio(replay_of(par1.compiled), replay_of(par4.compiled)),

@@ -68,8 +68,12 @@ def test_pdl_kernels_signal_first_and_read_only_constants_before_the_wait(config
         before = _reads_before_wait(source)
         mm = group.contraction
         prefetch = mm is not None and matmul_dims(mm)[1] == 1 and matmul_operands(mm)[1] in constants
-        if prefetch:  # the weight tile, and nothing else
-            assert before and all(re.match(r"b = tl\.load\(b_ptrs", line) for line in before), before
+        if prefetch:  # the weight tile and the bias (constants), nothing else
+            assert any(re.match(r"b = tl\.load\(b_ptrs", line) for line in before), before
+            assert any("in0_ptr" in line for line in before) and source.inputs[0] in constants  # the bias
+            for line in before:
+                slot = re.search(r"tl\.load\(in(\d+)_ptr", line)
+                assert "b_ptrs" in line or (slot and source.inputs[int(slot[1])] in constants), line
         else:
             assert before == [], f"{group.name} reads before its wait: {before}"
         kinds.add((group.kind, prefetch))
@@ -108,11 +112,11 @@ def test_prefetching_matrix_vector_kernel_matches_reference(k: int, split: int, 
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_pdl_launch_only_after_one_of_our_kernels_on_the_same_stream(config) -> None:  # type: ignore[no-untyped-def]
+def test_pdl_launch_only_after_one_of_our_kernels_on_the_same_stream(config, device) -> None:  # type: ignore[no-untyped-def]
     from test_runtime import mlp
 
-    models = [mlp(32, 64, 16) for _ in range(3)]
-    par = streamfuse.parallel([(m, (randn(1, 32, seed=i),)) for i, m in enumerate(models)],
+    models = [mlp(32, 64, 16).to(device) for _ in range(3)]
+    par = streamfuse.parallel([(m, (randn(1, 32, seed=i, device=device),)) for i, m in enumerate(models)],
                               config.replace(matmul_strategy="triton"))
     exe = par.compiled.base
     kernels = [s for s in exe.steps if isinstance(s, KernelStep)]

@@ -66,7 +66,7 @@ def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = Fa
                     constants: frozenset[Node] = frozenset()) -> KernelSource:
     """`tma`: load A and B through tensor descriptors (Config.matmul_tma) where `tma_layout` allows.
     `pdl`: programmatic dependent launch (codegen/kernel.generate); a matrix-vector product whose B
-    is in `constants` reads its first B tile before the grid-dependency wait."""
+    is in `constants` reads its first B tile, and a constant bias, before the grid-dependency wait."""
     mm = group.contraction
     assert mm is not None and mm.dtype is not None
     a, b = matmul_operands(mm)
@@ -106,6 +106,21 @@ def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = Fa
         f"k_steps = tl.cdiv(tl.cdiv({k}, BLOCK_K), SPLIT_K)",
         "k_first = pid_k * k_steps * BLOCK_K",
         "offs_k = tl.arange(0, BLOCK_K)",
+    ]
+    tile_lines = [
+        f"rm = {f'pid_b * {m} + ' if batched else ''}offs_m[:, None]",  # row of the [batch * M, N] product
+        "rn = offs_n[None, :]",
+        f"mmask = offs_m[:, None] < {m}",
+        f"nmask = rn < {n}",
+        "mask = mmask & nmask",
+    ]
+    tile_index = (Expr.var("rm"), Expr.var("rn"))
+    if prefetch:  # the tile's coordinates and its constant bias, read before the wait with the weights
+        em.lines += tile_lines
+        bias = mm.args[0] if mm.op == "aten.addmm.default" else None
+        if isinstance(bias, Node) and bias in constants:
+            em.value(bias, broadcast_index(tile_index, bias.shape, mm.shape))  # cached for _product
+    em.lines += [
         # rows and columns past the edge wrap around (their results are masked at the store),
         # so the K loop's loads need no row/column masks
         *(_gemv_loop(pa, pb, sa1, sb0, sb1, n, k, prefetch) if m == 1 else
@@ -127,13 +142,8 @@ def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = Fa
         "    for s in tl.static_range(1, SPLIT_K):",
         "        acc += tl.load(ws_tile + s * (BLOCK_M * BLOCK_N), cache_modifier=\".cg\")",
         "    tl.atomic_xchg(lock_ptr + tile, 0)",  # ready for the next launch
-        f"rm = {f'pid_b * {m} + ' if batched else ''}offs_m[:, None]",  # row of the [batch * M, N] product
-        "rn = offs_n[None, :]",
-        f"mmask = offs_m[:, None] < {m}",
-        f"nmask = rn < {n}",
-        "mask = mmask & nmask",
+        *([] if prefetch else tile_lines),
     ]
-    tile_index = (Expr.var("rm"), Expr.var("rn"))
     em.fixed[mm] = _product(em, mm, tile_index)
     for j, out in enumerate(group.outputs):
         v = em.value(out, _index_in(em, out.shape, tile_index))

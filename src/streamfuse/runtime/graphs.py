@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from streamfuse.runtime.devcopy import copy_into, fresh_copy
 from streamfuse.runtime.executable import Executable
 
 
@@ -26,6 +27,7 @@ class GraphRunner:
         self.batch_slices = list(batch_slices)
         self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
+        self.device_index = exe.device.index if exe.device.index is not None else torch.cuda.current_device()
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
@@ -39,34 +41,37 @@ class GraphRunner:
             self.static_outputs = exe.run(self.static_inputs, keep_alive=self.keep_alive)
 
     def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
-        """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
-        exact = batch == self.padded_batch
-        if len(inputs) == 1:
-            (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])
-        elif inputs:
-            statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
-            torch._foreach_copy_(statics, list(inputs))
+        """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs.
+        Copies go through the driver (runtime/devcopy.py) on the caller's stream; a batch below the
+        padded one fills the front rows (the rest keep stale values: rows are independent)."""
+        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
+        for static, x in zip(self.static_inputs, inputs, strict=True):
+            copy_into(static, x, stream)
         self.graph.replay()
-        if exact:
+        if batch == self.padded_batch:
             views = self.static_outputs
         else:
             views = [o[: batch * rows] if rows is not None and isinstance(o, torch.Tensor) else o
                      for o, rows in zip(self.static_outputs, self.batch_slices, strict=True)]
         if self.reuse_outputs:
             return list(views)
-        return fresh_copies(views)
+        if len(views) == 1 and isinstance(views[0], torch.Tensor):
+            return [fresh_copy(views[0], stream)]
+        return fresh_copies(views, stream)
 
 
-def fresh_copies(values: Sequence[Any]) -> list[Any]:
-    """Copies of the tensors in `values` (one launch for all of them), other values as they are."""
+def fresh_copies(values: Sequence[Any], stream: int) -> list[Any]:
+    """Copies of the tensors in `values` (one allocation per dtype), other values as they are."""
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    if len(tensors) == 1:
-        copies = [tensors[0].clone()]
-    elif tensors:
-        copies = _carve(tensors)  # one allocation per dtype instead of one per output
-        torch._foreach_copy_(copies, tensors)
-    else:
-        copies = []
+    dense = [t for t in tensors if t.is_contiguous()]
+    carved = iter(_carve(dense) if dense else [])
+    copies = []
+    for t in tensors:
+        if t.is_contiguous():
+            copies.append(next(carved))
+            copy_into(copies[-1], t, stream)
+        else:
+            copies.append(t.clone())
     it = iter(copies)
     return [next(it) if isinstance(v, torch.Tensor) else v for v in values]
 
