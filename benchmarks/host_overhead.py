@@ -29,9 +29,6 @@ def main() -> int:
     graphed(x)
     runner = next(iter(graphed._runners.values()))
     static_in, static_out = runner.static_inputs[0], runner.static_outputs[0]
-    from streamfuse.runtime.devcopy import copy_into, fresh_copy
-
-    stream = torch.cuda.current_stream().cuda_stream
     reuse = streamfuse.compile(model, (x,), Config(reuse_outputs=True))
     rows = {
         "eager model(x)": lambda: model(x),
@@ -42,8 +39,6 @@ def main() -> int:
         "static.copy_(x)": lambda: static_in.copy_(x),
         "out.clone()": lambda: static_out.clone(),
         "torch.empty": lambda: torch.empty(1, d, device="cuda"),
-        "devcopy.copy_into(static, x)": lambda: copy_into(static_in, x, stream),
-        "devcopy.fresh_copy(out)": lambda: fresh_copy(static_out, stream),
         "raw stream handle": lambda: torch._C._cuda_getCurrentRawStream(0),
         "streamfuse graph, reuse_outputs: compiled(x)": lambda: reuse(x),
         "streamfuse streams: compiled(x)": lambda: streams(x),

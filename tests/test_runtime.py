@@ -214,27 +214,3 @@ def test_independent_chains_are_not_packed_into_lockstep(config) -> None:  # typ
         assert all(g.kind is not GroupKind.HORIZONTAL for g in compiled.plan.groups)
         assert compiled.stats["streams"] == 4
 
-
-def test_call_path_copies(device) -> None:  # type: ignore[no-untyped-def]
-    """runtime/devcopy.py: the driver's copy on CUDA (torch's elsewhere, or for strided sources):
-    the whole tensor, the front rows of a padded buffer, and a fresh copy that owns its memory."""
-    from streamfuse.runtime import devcopy
-
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    if device.type == "cuda":
-        assert devcopy._driver_memcpy() is not None
-    src = randn(3, 5, device=device, seed=1)
-    dst = torch.full((8, 5), -1.0, device=device)
-    devcopy.copy_into(dst, src, stream)
-    assert torch.equal(dst[:3], src) and bool((dst[3:] == -1).all())
-    devcopy.copy_into(dst, randn(5, 8, device=device).t(), stream)  # strided: through torch
-    assert torch.equal(dst[:8], randn(5, 8, device=device).t())
-    whole = randn(8, 5, device=device, seed=2)
-    devcopy.copy_into(dst, whole, stream)
-    assert torch.equal(dst, whole)
-    fresh = devcopy.fresh_copy(whole, stream)
-    assert torch.equal(fresh, whole) and fresh.data_ptr() != whole.data_ptr()
-    whole.zero_()
-    assert not bool((fresh == 0).all())
-    strided = devcopy.fresh_copy(dst.t(), stream)
-    assert torch.equal(strided, dst.t())

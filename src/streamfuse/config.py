@@ -112,6 +112,11 @@ class Config:
     reuse_outputs: bool = False
     """True returns the graph's own output buffers (zero-copy), overwritten by the next call;
     False (default) returns fresh tensors."""
+    output_sets: int = 2
+    """Fresh outputs without a copy (runtime/graphs.py): up to this many recorded instances of each
+    graph hand out their own output buffers, an instance only once the caller holds no tensor or
+    view of its last outputs; past that, outputs are copied. Each instance holds its own activation
+    memory; 0 always copies."""
     # --- tuning (tune/) ---------------------------------------------------------------
     calibrate: bool = True
     """On CUDA, measure the device's ceilings once (a few seconds) and cache them in cache_dir; False
@@ -167,5 +172,7 @@ class Config:
             raise ValueError(f"Config.max_occupancy_drop must be in [0, 1], got {self.max_occupancy_drop}")
         if self.autotune_budget_s <= 0:
             raise ValueError(f"Config.autotune_budget_s must be > 0, got {self.autotune_budget_s}")
+        if not isinstance(self.output_sets, int) or self.output_sets < 0:
+            raise ValueError(f"Config.output_sets must be an int >= 0, got {self.output_sets!r}")
         if self.fusion_fuel is not None and self.fusion_fuel < 0:
             raise ValueError(f"Config.fusion_fuel must be None or >= 0, got {self.fusion_fuel}")

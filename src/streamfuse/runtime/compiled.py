@@ -208,10 +208,11 @@ class CompiledGraph:
             self._pool = torch.cuda.graph_pool_handle()
         try:
             runner = GraphRunner(self._variants[padded], self._pool, self._slices[padded],
-                                 self.config.reuse_outputs)
+                                 self.config.reuse_outputs, self.config.output_sets)
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to stream execution
             self.graph_failure = f"{type(exc).__name__}: {exc}"
             torch.cuda.synchronize(self.device)
+            _settle_generators(self.device)
             return None
         self._runners[padded] = runner
         while len(self._runners) > self.config.max_graphs:
@@ -237,6 +238,7 @@ class CompiledGraph:
             "streams": self.base.schedule.streams,
             "events": self.base.schedule.events,
             "graphs": len(self._runners),
+            "graph_instances": sum(r.instances for r in self._runners.values()),
             "executor": self.base.executor,
             "device": str(self.base.device),
         }
@@ -264,6 +266,18 @@ ALLOC_US = 2.5
 """torch.empty on the host (benchmarks/host_overhead.py: 2.3-2.5 µs)."""
 VIEW_US = 1.0
 """Carving one fresh output out of the per-dtype buffer."""
+
+
+def _settle_generators(device: torch.device) -> None:
+    """A capture that fails can leave torch's CUDA generators in their capturing state (the end of
+    capture never ran), after which the next torch.randn on the device raises "Offset increment
+    outside graph capture" (PERF.md run 24). One trivial capture runs their begin and end again."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch.zeros(1, device=device).add_(1)
+    except Exception:  # noqa: BLE001 - best effort; the failure reason is already recorded
+        torch.cuda.synchronize(device)
 
 
 def _capturing() -> bool:

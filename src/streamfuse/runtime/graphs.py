@@ -5,73 +5,138 @@ events become graph edges. Inputs are copied into static buffers; the graph's me
 pool shared by every graph of a CompiledGraph. Nothing is freed during capture and the runner
 keeps every buffer alive, so no memory is reused inside a graph or across graphs sharing the
 pool, whichever order they replay in.
+
+Fresh outputs without a copy: a runner records up to Config.output_sets instances of its graph
+(the same kernels, each with its own buffers, all reading the shared static inputs) and hands a
+call the output buffers of an instance the caller no longer references: neither the tensors it
+returned nor any view of them is alive (Python reference counts and the storages' use counts
+against their values right after capture). So `y = model(x)` in a loop alternates between two
+instances and never copies; a caller that keeps every result (appending to a list) gets copies
+from one more instance whose buffers are never handed out. A result is therefore never
+overwritten while the caller can still see it. Outputs that alias an input or a constant are
+always copied.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from streamfuse.runtime.devcopy import copy_into, fresh_copy
 from streamfuse.runtime.executable import Executable
 
+_use_count = torch._C._storage_Use_Count
 
-class GraphRunner:
-    def __init__(self, exe: Executable, pool: Any, batch_slices: Sequence[int | None], reuse_outputs: bool):
-        """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
-        batch * that), or None for an output that does not depend on the batch."""
-        self.exe = exe
-        self.reuse_outputs = reuse_outputs
-        self.batch_slices = list(batch_slices)
-        self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
-        self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
-        self.device_index = exe.device.index if exe.device.index is not None else torch.cuda.current_device()
+
+class _Instance:
+    """One recorded graph of the runner's plan with its own intermediate and output buffers."""
+
+    def __init__(self, exe: Executable, pool: Any, static_inputs: list[torch.Tensor]):
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
         with torch.cuda.stream(warm):  # compiles Triton kernels and settles the allocator outside capture
             for _ in range(2):
-                exe.run(self.static_inputs)
+                exe.run(static_inputs)
         caller.wait_stream(warm)
         self.keep_alive: list[Any] = []
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.static_outputs = exe.run(self.static_inputs, keep_alive=self.keep_alive)
+            self.outputs: list[Any] = exe.run(static_inputs, keep_alive=self.keep_alive)
+        tensors = [t for t in self.outputs if isinstance(t, torch.Tensor)]
+        self._guards = [(t, t.untyped_storage()._cdata) for t in tensors]
+        self._baseline = self._counts()
+
+    def _counts(self) -> list[tuple[int, int]]:
+        return [(sys.getrefcount(t), _use_count(cdata)) for t, cdata in self._guards]
+
+    def held(self) -> bool:
+        """The caller still references an output buffer of this instance (a tensor or a view)."""
+        return self._counts() != self._baseline
+
+
+class GraphRunner:
+    def __init__(self, exe: Executable, pool: Any, batch_slices: Sequence[int | None], reuse_outputs: bool,
+                 output_sets: int = 0):
+        """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
+        batch * that), or None for an output that does not depend on the batch. `output_sets`: how
+        many instances may hand out their own output buffers (Config.output_sets)."""
+        self.exe = exe
+        self.pool = pool
+        self.reuse_outputs = reuse_outputs
+        self.batch_slices = list(batch_slices)
+        self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
+        self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
+        first = _Instance(exe, pool, self.static_inputs)
+        self.graph = first.graph
+        """The first recorded graph (profiling replays it)."""
+        self.static_outputs = first.outputs
+        self.output_sets = output_sets if not reuse_outputs and not self._aliases_fixed(first) else 0
+        self.handout: list[_Instance] = [first] if self.output_sets else []
+        """Instances whose output buffers calls hand out, in recording order."""
+        self.copy_source: _Instance | None = None if self.output_sets else first
+        """The instance whose outputs are copied (never handed out), recorded when first needed."""
+
+    def _aliases_fixed(self, inst: _Instance) -> bool:
+        """Some output shares memory with a static input or a constant: it must be copied."""
+        fixed = {t.untyped_storage().data_ptr() for t in self.static_inputs}
+        fixed |= {t.untyped_storage().data_ptr() for t in self.exe.graph.constants.values()
+                  if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
+        return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in fixed for o in inst.outputs)
+
+    @property
+    def instances(self) -> int:
+        return len(self.handout) + (self.copy_source is not None and self.copy_source not in self.handout)
 
     def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
-        """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs.
-        Copies go through the driver (runtime/devcopy.py) on the caller's stream; a batch below the
-        padded one fills the front rows (the rest keep stale values: rows are independent)."""
-        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
-        for static, x in zip(self.static_inputs, inputs, strict=True):
-            copy_into(static, x, stream)
-        self.graph.replay()
-        if batch == self.padded_batch:
-            views = self.static_outputs
-        else:
-            views = [o[: batch * rows] if rows is not None and isinstance(o, torch.Tensor) else o
-                     for o, rows in zip(self.static_outputs, self.batch_slices, strict=True)]
+        """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
+        exact = batch == self.padded_batch
+        if len(inputs) == 1:
+            (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])
+        elif inputs:
+            statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
+            torch._foreach_copy_(statics, list(inputs))
         if self.reuse_outputs:
-            return list(views)
-        if len(views) == 1 and isinstance(views[0], torch.Tensor):
-            return [fresh_copy(views[0], stream)]
-        return fresh_copies(views, stream)
+            self.graph.replay()
+            return self._views(self.static_outputs, batch, exact)
+        inst = self._free_instance()
+        if inst is not None:
+            inst.graph.replay()
+            return self._views(inst.outputs, batch, exact)
+        if self.copy_source is None:
+            self.copy_source = _Instance(self.exe, self.pool, self.static_inputs)
+        self.copy_source.graph.replay()
+        return fresh_copies(self._views(self.copy_source.outputs, batch, exact))
+
+    def _free_instance(self) -> _Instance | None:
+        for inst in self.handout:
+            if not inst.held():
+                return inst
+        if len(self.handout) < self.output_sets:
+            inst = _Instance(self.exe, self.pool, self.static_inputs)
+            self.handout.append(inst)
+            return inst
+        return None
+
+    def _views(self, outputs: list[Any], batch: int, exact: bool) -> list[Any]:
+        if exact:
+            return list(outputs)
+        return [o[: batch * rows] if rows is not None and isinstance(o, torch.Tensor) else o
+                for o, rows in zip(outputs, self.batch_slices, strict=True)]
 
 
-def fresh_copies(values: Sequence[Any], stream: int) -> list[Any]:
-    """Copies of the tensors in `values` (one allocation per dtype), other values as they are."""
+def fresh_copies(values: Sequence[Any]) -> list[Any]:
+    """Copies of the tensors in `values` (one launch for all of them), other values as they are."""
     tensors = [v for v in values if isinstance(v, torch.Tensor)]
-    dense = [t for t in tensors if t.is_contiguous()]
-    carved = iter(_carve(dense) if dense else [])
-    copies = []
-    for t in tensors:
-        if t.is_contiguous():
-            copies.append(next(carved))
-            copy_into(copies[-1], t, stream)
-        else:
-            copies.append(t.clone())
+    if len(tensors) == 1:
+        copies = [tensors[0].clone()]
+    elif tensors:
+        copies = _carve(tensors)  # one allocation per dtype instead of one per output
+        torch._foreach_copy_(copies, tensors)
+    else:
+        copies = []
     it = iter(copies)
     return [next(it) if isinstance(v, torch.Tensor) else v for v in values]
 
