@@ -209,6 +209,8 @@ def main() -> int:
         results["host_us_eager_mlp"] = host_us_per_call(lambda: models[0](xs[0]))
         reuse = streamfuse.compile(models[0], (xs[0],), config.replace(reuse_outputs=True))
         results["host_us_single_input_mlp_reuse"] = host_us_per_call(lambda: reuse(xs[0]))
+        copying = streamfuse.compile(models[0], (xs[0],), config.replace(output_sets=0))
+        results["host_us_single_input_mlp_copying"] = host_us_per_call(lambda: copying(xs[0]))
         unchecked = streamfuse.compile(models[0], (xs[0],), config.replace(check_inputs=False))
         results["host_us_single_input_mlp_unchecked"] = host_us_per_call(lambda: unchecked(xs[0]))
         buf = torch.empty_like(xs[0])
@@ -256,7 +258,8 @@ def main() -> int:
                   f"{v[0]:.2f}x (call)")
     print(f"host time per call, single-input MLP: streamfuse {results['host_us_single_input_mlp']:.1f} µs "
           f"(reuse_outputs=True: {results['host_us_single_input_mlp_reuse']:.1f} µs), "
-          f"eager {results['host_us_eager_mlp']:.1f} µs, check_inputs=False "
+          f"eager {results['host_us_eager_mlp']:.1f} µs, output_sets=0 (always a copy) "
+          f"{results['host_us_single_input_mlp_copying']:.1f} µs, check_inputs=False "
           f"{results['host_us_single_input_mlp_unchecked']:.1f} µs")
     print("host time per call of the pieces: " + ", ".join(f"{k} {v:.1f} µs"
                                                            for k, v in results["host_components_us"].items()))
