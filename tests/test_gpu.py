@@ -142,7 +142,9 @@ def test_output_sets_hand_out_buffers_only_once_the_caller_let_go(batch: int, co
     """Config.output_sets: `y = f(x)` in a loop alternates between two recorded instances (no copy);
     results kept by the caller, as tensors or as views, are never overwritten; with every set
     held, calls copy out of one more instance."""
-    fn = lambda x: torch.softmax(x, -1).sum(0, keepdim=True) * x + 1
+    from test_runtime import mlp
+
+    fn = mlp(64, 128, 64).cuda()  # rows independent: batch 3 pads to bucket 4
     compiled = streamfuse.compile(fn, (_fresh((4, 64), 0),), config)
     inputs = [_fresh((batch, 64), 10 + i) for i in range(12)]
     y = compiled(inputs[0])
@@ -151,14 +153,16 @@ def test_output_sets_hand_out_buffers_only_once_the_caller_let_go(batch: int, co
     second = y.data_ptr()
     y = compiled(inputs[2])  # the first set is free again: the loop pattern needs two sets
     assert len({first, second}) == 2 and y.data_ptr() == first
-    torch.testing.assert_close(y, fn(inputs[2]))
+    with torch.no_grad():
+        torch.testing.assert_close(y, fn(inputs[2]), rtol=1e-4, atol=1e-4)
     kept = [compiled(x) for x in inputs[3:9]]  # every result kept: sets all held, then copies
     view = compiled(inputs[9])[1:]
     for x in inputs[10:]:
         compiled(x)
-    for out, x in zip(kept, inputs[3:9], strict=True):
-        torch.testing.assert_close(out, fn(x))
-    torch.testing.assert_close(view, fn(inputs[9])[1:])
+    with torch.no_grad():
+        for out, x in zip(kept, inputs[3:9], strict=True):
+            torch.testing.assert_close(out, fn(x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(view, fn(inputs[9])[1:], rtol=1e-4, atol=1e-4)
     assert compiled.stats["graphs"] == 1 and compiled.stats["graph_instances"] == 3
     copying = streamfuse.compile(fn, (_fresh((4, 64), 0),), config.replace(output_sets=0))
     outs = [copying(x) for x in inputs[:3]]

@@ -214,3 +214,25 @@ def test_independent_chains_are_not_packed_into_lockstep(config) -> None:  # typ
         assert all(g.kind is not GroupKind.HORIZONTAL for g in compiled.plan.groups)
         assert compiled.stats["streams"] == 4
 
+
+
+def test_output_guard_sees_tensors_and_views_the_caller_keeps() -> None:
+    """runtime/graphs.OutputGuard, which decides when a graph instance's output buffers may be
+    handed out again (Config.output_sets)."""
+    from streamfuse.runtime.graphs import OutputGuard
+
+    outputs = [torch.zeros(4), None, torch.ones(2, 3)]
+    guard = OutputGuard(outputs)
+    assert not guard.held()
+    kept = outputs[2]
+    assert guard.held()
+    del kept
+    assert not guard.held()
+    view = outputs[0][1:]  # a new tensor on the same memory
+    assert guard.held()
+    del view
+    assert not guard.held()
+    results = list(outputs)  # what a call returns, kept whole
+    assert guard.held()
+    results.clear()
+    assert not guard.held()

@@ -45,15 +45,24 @@ class _Instance:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.outputs: list[Any] = exe.run(static_inputs, keep_alive=self.keep_alive)
-        tensors = [t for t in self.outputs if isinstance(t, torch.Tensor)]
-        self._guards = [(t, t.untyped_storage()._cdata) for t in tensors]
+        self.guard = OutputGuard(self.outputs)
+
+
+class OutputGuard:
+    """Whether anyone beyond the owner references `outputs`' tensors or any view of their memory:
+    Python reference counts of the tensors and use counts of their storages, against their values
+    when the guard was made (while only the owner held them)."""
+
+    def __init__(self, outputs: list[Any]):
+        # no local may hold an output while the baseline is taken (run 25: a list did, so every
+        # count sat one above what a later check sees, and a held result read as free)
+        self._guards = [(t, t.untyped_storage()._cdata) for t in outputs if isinstance(t, torch.Tensor)]
         self._baseline = self._counts()
 
     def _counts(self) -> list[tuple[int, int]]:
         return [(sys.getrefcount(t), _use_count(cdata)) for t, cdata in self._guards]
 
     def held(self) -> bool:
-        """The caller still references an output buffer of this instance (a tensor or a view)."""
         return self._counts() != self._baseline
 
 
@@ -112,7 +121,7 @@ class GraphRunner:
 
     def _free_instance(self) -> _Instance | None:
         for inst in self.handout:
-            if not inst.held():
+            if not inst.guard.held():
                 return inst
         if len(self.handout) < self.output_sets:
             inst = _Instance(self.exe, self.pool, self.static_inputs)
