@@ -5,7 +5,10 @@ streams, with the split-K cap (Config.matmul_max_split_k, which bounds the progr
 product) swept: a full-GPU kernel leaves nothing for the other streams, a narrow one is slower alone.
 Graph replay times side by side in one run, each ratio over 7 alternating rounds.
 
-    python benchmarks/stream_share.py [--splits 1 2 4 8 32] [--pdl on off]
+    python benchmarks/stream_share.py [--splits 1 2 4 8 32] [--pdl on off] [--priorities on off]
+        [--timeline]
+
+--timeline prints one four-stream call's kernels per stream (first start, last end, in µs).
 """
 
 from __future__ import annotations
@@ -19,15 +22,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import streamfuse  # noqa: E402
-from streamfuse import Config  # noqa: E402
-from streamfuse.profile.timing import time_cuda_us  # noqa: E402
+import streamfuse
+from streamfuse import Config
+from streamfuse.profile.timeline import one_call
+from streamfuse.profile.timing import time_cuda_us
+
+
+def per_stream(intervals: list) -> str:
+    spans: dict[int, tuple[float, float]] = {}
+    for i in intervals:
+        first, last = spans.get(i.stream, (i.start_us, i.end_us))
+        spans[i.stream] = (min(first, i.start_us), max(last, i.end_us))
+    return "; ".join(f"s{s} {a:.1f}-{b:.1f}" for s, (a, b) in spans.items())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 32])
     parser.add_argument("--pdl", nargs="+", default=["on", "off"], choices=["on", "off"])
+    parser.add_argument("--priorities", nargs="+", default=["on"], choices=["on", "off"])
+    parser.add_argument("--timeline", action="store_true")
     parser.add_argument("--d", type=int, default=1024)
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
@@ -37,26 +51,40 @@ def main() -> int:
                                   torch.nn.Linear(d, d)).eval().cuda() for _ in range(4)]
     xs = [torch.randn(1, d, device="cuda") for _ in range(4)]
     pairs = [(m, (x,)) for m, x in zip(models, xs, strict=True)]
-    print(f"{'pdl':>4} {'max split':>9} {'1 stream µs':>12} {'4 streams µs':>13} {'ratio median':>13} {'range':>12} "
+    print(f"{'prio':>4} {'pdl':>4} {'max split':>9} {'1 stream µs':>12} {'4 streams µs':>13} {'ratio median':>13} {'range':>12} "
           f"{'splits chosen':>16}")
     with torch.no_grad():
-        for pdl in args.pdl:
-            for split in args.splits:
-                config = Config(cache_dir=Path(args.out) / "cache", matmul_max_split_k=split, pdl=pdl == "on")
-                one = streamfuse.parallel(pairs, config.replace(max_streams=1))
-                four = streamfuse.parallel(pairs, config)
-                for p in (one, four):
-                    for o, m, x in zip(p(*xs), models, xs, strict=True):
-                        torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
-                (g1,) = one.compiled.recorded_graphs().values()
-                (g4,) = four.compiled.recorded_graphs().values()
-                t1, t4, ratios = [], [], []
-                for _ in range(7):
-                    a, b = time_cuda_us(g1.replay, warmup=5, reps=60), time_cuda_us(g4.replay, warmup=5, reps=60)
-                    t1.append(a), t4.append(b), ratios.append(a / b)
-                chosen = sorted({s.constexprs.get("SPLIT_K", 1) for s in four.compiled.base.sources.values()})
-                print(f"{pdl:>4} {split:9d} {statistics.median(t1):12.1f} {statistics.median(t4):13.1f} "
-                      f"{statistics.median(ratios):12.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x {str(chosen):>16}")
+        for prio, pdl, split in [(r, p, s) for r in args.priorities for p in args.pdl for s in args.splits]:
+            config = Config(cache_dir=Path(args.out) / "cache", matmul_max_split_k=split, pdl=pdl == "on",
+                            stream_priorities=prio == "on")
+            one = streamfuse.parallel(pairs, config.replace(max_streams=1))
+            four = streamfuse.parallel(pairs, config)
+            for p in (one, four):
+                for o, m, x in zip(p(*xs), models, xs, strict=True):
+                    torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
+            (g1,) = one.compiled.recorded_graphs().values()
+            (g4,) = four.compiled.recorded_graphs().values()
+            t1, t4, ratios = [], [], []
+            for _ in range(7):
+                a, b = time_cuda_us(g1.replay, warmup=5, reps=60), time_cuda_us(g4.replay, warmup=5, reps=60)
+                t1.append(a), t4.append(b), ratios.append(a / b)
+            chosen = sorted({s.constexprs.get("SPLIT_K", 1) for s in four.compiled.base.sources.values()})
+            print(f"{prio:>4} {pdl:>4} {split:9d} {statistics.median(t1):12.1f} {statistics.median(t4):13.1f} "
+                  f"{statistics.median(ratios):12.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x {chosen!s:>16}")
+            if args.timeline:
+                print("      one 4-stream call: " + per_stream(one_call(g4.replay)))
+        if args.timeline:  # the multi-branch conv block of streams_graphs.py, c64 at 56x56
+            from streamfuse.demo_models import MultiBranchConv
+
+            block = MultiBranchConv(64).eval().cuda()
+            x = torch.randn(1, 64, 56, 56, device="cuda")
+            for streams in (1, 4):
+                c = streamfuse.compile(block, (x,), Config(cache_dir=Path(args.out) / "cache", max_streams=streams))
+                c(x)
+                (g,) = c.recorded_graphs().values()
+                ivs = one_call(g.replay)
+                print(f"conv c64, {streams} stream(s), {time_cuda_us(g.replay):.1f} µs: "
+                      + "; ".join(f"s{i.stream} {i.name[:14]} {i.start_us:.1f}+{i.duration_us:.1f}" for i in ivs))
     return 0
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import streamfuse
 from streamfuse import Config
 from streamfuse.demo_models import DEMO_MODELS, MultiBranchConv
-from streamfuse.profile.timeline import call_gap_ratio, gap_ratio, record_timeline, streams_used
+from streamfuse.profile.timeline import call_gap_ratio, gap_ratio, one_call, record_timeline, streams_used
 from streamfuse.profile.timing import capture_graph, host_us_per_call, time_cuda_us
 
 
@@ -81,16 +81,9 @@ def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kerne
 
 
 def call_timeline(label: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:
-    """The GPU intervals of one call (the median-length of 5 synchronized calls), relative to its
-    first kernel's start: to see where a schedule's time goes."""
-    calls = []
-    for _ in range(5):
-        ivs = record_timeline(fn, calls=1, warmup=2)
-        t0 = min(i.start_us for i in ivs)
-        calls.append([{"name": i.name[:24], "stream": i.stream, "start": round(i.start_us - t0, 2),
-                       "dur": round(i.duration_us, 2)} for i in sorted(ivs, key=lambda i: i.start_us)])
-    calls.sort(key=lambda c: max(k["start"] + k["dur"] for k in c))
-    chosen = calls[len(calls) // 2]
+    """One call's GPU intervals (profile.timeline.one_call), printed as stream start+duration."""
+    chosen = [{"name": i.name[:24], "stream": i.stream, "start": round(i.start_us, 2), "dur": round(i.duration_us, 2)}
+              for i in one_call(fn)]
     print(f"\none call, {label}: " + "; ".join(f"s{k['stream']} {k['start']:.1f}+{k['dur']:.1f}" for k in chosen))
     return chosen
 

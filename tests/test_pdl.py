@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 import triton
-import triton.language as tl
+import triton.language as tl  # noqa: F401 - a @triton.jit function must see `tl` in its module
 from helpers import randn
 
 import streamfuse

@@ -67,6 +67,19 @@ def call_gap_ratio(intervals: list[Interval], calls: int) -> float:
     return ratios[len(ratios) // 2]
 
 
+def one_call(fn: Callable[[], Any], tries: int = 5) -> list[Interval]:
+    """The GPU intervals of one synchronized call of fn (the call of median span among `tries`),
+    shifted so that its first interval starts at 0: where a schedule's time goes."""
+    calls = []
+    for _ in range(tries):
+        ivs = record_timeline(fn, calls=1, warmup=2)
+        t0 = min(i.start_us for i in ivs)
+        calls.append(sorted((Interval(i.name, i.stream, i.start_us - t0, i.end_us - t0) for i in ivs),
+                            key=lambda i: i.start_us))
+    calls.sort(key=span)
+    return calls[len(calls) // 2]
+
+
 def streams_used(intervals: list[Interval]) -> int:
     return len({i.stream for i in intervals})
 
