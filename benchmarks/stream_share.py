@@ -6,7 +6,7 @@ product) swept: a full-GPU kernel leaves nothing for the other streams, a narrow
 Graph replay times side by side in one run, each ratio over 7 alternating rounds.
 
     python benchmarks/stream_share.py [--splits 1 2 4 8 32] [--pdl on off] [--priorities on off]
-        [--timeline]
+        [--tune-concurrency on off] [--timeline]
 
 --timeline prints one four-stream call's kernels per stream (first start, last end, in µs).
 """
@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from streams_graphs import same_kernels_one_stream
 
 import streamfuse
 from streamfuse import Config
@@ -41,6 +43,7 @@ def main() -> int:
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 32])
     parser.add_argument("--pdl", nargs="+", default=["on", "off"], choices=["on", "off"])
     parser.add_argument("--priorities", nargs="+", default=["on"], choices=["on", "off"])
+    parser.add_argument("--tune-concurrency", nargs="+", default=["on"], choices=["on", "off"])
     parser.add_argument("--timeline", action="store_true")
     parser.add_argument("--d", type=int, default=1024)
     parser.add_argument("--out", default="out")
@@ -51,12 +54,13 @@ def main() -> int:
                                   torch.nn.Linear(d, d)).eval().cuda() for _ in range(4)]
     xs = [torch.randn(1, d, device="cuda") for _ in range(4)]
     pairs = [(m, (x,)) for m, x in zip(models, xs, strict=True)]
-    print(f"{'prio':>4} {'pdl':>4} {'max split':>9} {'1 stream µs':>12} {'4 streams µs':>13} {'ratio median':>13} {'range':>12} "
-          f"{'splits chosen':>16}")
+    print(f"{'tune x':>6} {'prio':>4} {'pdl':>4} {'max split':>9} {'1-stream plan':>13} {'4 streams µs':>13} {'ratio median':>13} "
+          f"{'range':>12} {'splits chosen':>16}   same kernels on 1 stream: µs, ratio median (range)")
     with torch.no_grad():
-        for prio, pdl, split in [(r, p, s) for r in args.priorities for p in args.pdl for s in args.splits]:
+        for tc, prio, pdl, split in [(t, r, p, s) for t in args.tune_concurrency for r in args.priorities
+                                     for p in args.pdl for s in args.splits]:
             config = Config(cache_dir=Path(args.out) / "cache", matmul_max_split_k=split, pdl=pdl == "on",
-                            stream_priorities=prio == "on")
+                            stream_priorities=prio == "on", autotune_concurrency=tc == "on")
             one = streamfuse.parallel(pairs, config.replace(max_streams=1))
             four = streamfuse.parallel(pairs, config)
             for p in (one, four):
@@ -64,13 +68,17 @@ def main() -> int:
                     torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
             (g1,) = one.compiled.recorded_graphs().values()
             (g4,) = four.compiled.recorded_graphs().values()
-            t1, t4, ratios = [], [], []
+            same = same_kernels_one_stream(four.compiled, xs)
+            t1, t4, ts, ratios, same_ratios = [], [], [], [], []
             for _ in range(7):
                 a, b = time_cuda_us(g1.replay, warmup=5, reps=60), time_cuda_us(g4.replay, warmup=5, reps=60)
-                t1.append(a), t4.append(b), ratios.append(a / b)
+                c = time_cuda_us(same, warmup=5, reps=60)
+                t1.append(a), t4.append(b), ts.append(c), ratios.append(a / b), same_ratios.append(c / b)
             chosen = sorted({s.constexprs.get("SPLIT_K", 1) for s in four.compiled.base.sources.values()})
-            print(f"{prio:>4} {pdl:>4} {split:9d} {statistics.median(t1):12.1f} {statistics.median(t4):13.1f} "
-                  f"{statistics.median(ratios):12.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x {chosen!s:>16}")
+            print(f"{tc:>6} {prio:>4} {pdl:>4} {split:9d} {statistics.median(t1):12.1f} {statistics.median(t4):13.1f} "
+                  f"{statistics.median(ratios):12.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x {chosen!s:>16}   "
+                  f"{statistics.median(ts):.1f}, {statistics.median(same_ratios):.2f}x "
+                  f"({min(same_ratios):.2f}-{max(same_ratios):.2f})")
             if args.timeline:
                 print("      one 4-stream call: " + per_stream(one_call(g4.replay)))
         if args.timeline:  # the multi-branch conv block of streams_graphs.py, c64 at 56x56

@@ -308,3 +308,18 @@ def test_critical_path_stays_whole_across_a_skip_connection() -> None:
     assert plan.critical_path == ["x", "c1", "c2", "add"]
     assert {plan.stream_of[kernel] for kernel in plan.critical_path} == {0}
     assert plan.streams == 2 and plan.waits == [("x", "side"), ("side", "add")]
+
+
+def test_launch_concurrency_counts_the_kernels_that_may_run_alongside() -> None:
+    from streamfuse.schedule.plan import launch_concurrency
+
+    dag = branch_block()  # a source, four branches of three kernels b{i}_{j}, a sink
+    conc = launch_concurrency(dag, assign_streams(dag, 8).streams)  # 4: the DAG's width
+    assert conc["b0_0"] == 4 and conc["b3_1"] == 4  # one kernel of each branch at a time, at most
+    heads = [v for v in dag.nodes if dag.in_degree(v) == 0]
+    tails = [v for v in dag.nodes if dag.out_degree(v) == 0]
+    assert all(conc[v] == 1 for v in heads + tails)
+    assert launch_concurrency(dag, 2)["b0_0"] == 2  # capped at the streams
+    assert set(launch_concurrency(dag, 1).values()) == {1}
+    chain = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
+    assert set(launch_concurrency(chain, 4).values()) == {1}

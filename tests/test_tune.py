@@ -216,3 +216,30 @@ def test_measure_gives_plausible_figures_and_caches_them(tmp_path: Path) -> None
     cache_path(corrupt, c.name).parent.mkdir(parents=True)
     cache_path(corrupt, c.name).write_text("{ half a file")
     assert ceilings_for(device, corrupt, calibrate=False) == builtin_for(c.name)
+
+
+@pytest.mark.gpu
+def test_parallel_plans_tune_their_products_beside_copies_of_themselves(tmp_path: Path) -> None:
+    """Config.autotune_concurrency: the four MLPs of streamfuse.parallel are tuned with 4 copies
+    running at once (their own cache entries, "|x4"); the result still matches eager."""
+    import streamfuse
+    from streamfuse import Config
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256)).cuda()
+              for _ in range(4)]
+    xs = [torch.randn(1, 256, device="cuda") for _ in range(4)]
+    config = Config(cache_dir=tmp_path, matmul_strategy="triton")
+    with torch.no_grad():
+        par = streamfuse.parallel([(m, (x,)) for m, x in zip(models, xs, strict=True)], config)
+        for out, m, x in zip(par(*xs), models, xs, strict=True):
+            torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+        alone = streamfuse.parallel([(m, (x,)) for m, x in zip(models, xs, strict=True)],
+                                    config.replace(autotune_concurrency=False))
+        for out, m, x in zip(alone(*xs), models, xs, strict=True):
+            torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+    assert set(par.compiled.base.schedule.concurrency.values()) == {4}
+    entries = json.loads((tmp_path / "autotune.json").read_text())
+    shared = [k for k in entries if k.endswith("|x4")]
+    assert shared and len(entries) == 2 * len(shared)  # each product tuned both ways
+    assert all(v["us"] > 0 for v in entries.values())

@@ -94,6 +94,10 @@ class Config:
     autotune: bool = True
     """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
     keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""
+    autotune_concurrency: bool = True
+    """Tune a matmul that the stream plan runs beside other kernels by timing each candidate tile
+    beside copies of itself on as many streams (schedule concurrency, at most max_streams): the
+    fastest tile alone is not the fastest when it shares the GPU."""
     autotune_budget_s: float = 60.0
     """Upper bound on tuning time per kernel; the candidates not reached are skipped."""
     # --- scheduling (schedule/) --------------------------------------------------------

@@ -63,6 +63,23 @@ def time_graph_us(fn: Callable[[], Any], calls: int = 10, reps: int = 20) -> flo
     return statistics.median(samples)
 
 
+def time_concurrent_us(fns: list[Callable[[], Any]], calls: int = 10, reps: int = 20) -> float:
+    """Median GPU µs per round of `fns` run at once, each on its own stream forked from and joined
+    to the capturing stream, replayed from a CUDA graph (time_graph_us)."""
+    streams = [torch.cuda.Stream() for _ in fns]
+
+    def together() -> None:
+        main = torch.cuda.current_stream()
+        for stream, fn in zip(streams, fns, strict=True):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                fn()
+        for stream in streams:
+            main.wait_stream(stream)
+
+    return time_graph_us(together, calls, reps)
+
+
 def host_us_per_call(fn: Callable[[], Any], burst: int = 20, rounds: int = 40) -> float:
     """Host time of one call: bursts short enough that the launch queue never blocks the host,
     synchronized between bursts outside the timed region."""

@@ -1,7 +1,7 @@
 """Executable: one fixed-shape plan made runnable, and `build_executable`, the flat driver of the
 pipeline after capture, read top to bottom:
 
-plan fusion -> generate and load kernels -> lay out steps -> assign streams -> buffer lifetimes.
+plan fusion -> generate kernels -> assign streams -> tune tiles -> lay out steps -> buffer lifetimes.
 """
 
 from __future__ import annotations
@@ -66,18 +66,23 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     else:
         choices = choose_matmuls(graph, config, ceilings)
     plan = plan_fusion(graph, config, choices, sm_count)
-    # 2. Triton source for each generated group (always, so explain() shows it on any machine);
-    #    on the GPU the matmul template's tile is tuned (or read from the tuning cache)
+    # 2. Triton source for each generated group (always, so explain() shows it on any machine)
     pdl = on_gpu and use_pdl(config, device)
     constants = graph.constant_nodes()
     sources = {g.id: generate(g, config, target, sm_count, pdl, constants) for g in plan.groups if g.kind.generated}
+    # 3. streams and events for the launches (a pure function; planned on every device); on the GPU
+    #    the matmul template's tile is tuned (or read from the tuning cache), a kernel that runs
+    #    beside others timed beside copies of itself (Config.autotune_concurrency)
+    schedule = schedule_steps(plan, config)
     if on_gpu and config.autotune:
         from streamfuse.tune.autotune import tune_matmul
 
-        for g in plan.groups:
+        for i, g in enumerate(plan.groups):
             if g.kind is GroupKind.MATMUL:
-                sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device)
-    # 3. one step per group; generated kernels are compiled (cached by content hash) when used
+                k = schedule.concurrency.get(i, 1) if config.autotune_concurrency else 1
+                sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device,
+                                               concurrency=k)
+    # 4. one step per group; generated kernels are compiled (cached by content hash) when used
     slot = {n: i for i, n in enumerate(graph.nodes)}
     steps: list[Step] = []
     for g in plan.groups:
@@ -88,10 +93,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
             steps.append(step)
         else:
             steps.append(NodeStep(g, slot))
-    # 4. zero-copy views of weights are taken once, not on every call
+    # 5. zero-copy views of weights are taken once, not on every call; programmatic dependent
+    #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
-    # 5. streams and events for the launches (a pure function; planned on every device)
-    schedule = schedule_steps(plan, config)
     mark_pdl_launches(steps, schedule)
     exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
     exe.ceilings = ceilings
@@ -179,10 +183,12 @@ class Executable:
         multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
         self.stream_runner = StreamRunner(self, schedule, device) if multi else None
 
-    def run(self, inputs: Sequence[Any], keep_alive: list[Any] | None = None) -> list[Any]:
+    def run(self, inputs: Sequence[Any], keep_alive: list[Any] | None = None, one_stream: bool = False) -> list[Any]:
         """Run once on already-checked inputs; returns the flat outputs. With `keep_alive` (a list),
         no buffer is released during the run and every buffer is appended to it (CUDA-graph capture:
-        memory is then never reused within the graph, whatever stream reads it)."""
+        memory is then never reused within the graph, whatever stream reads it). `one_stream`
+        issues every step on the current stream in plan order (benchmarks: the same kernels
+        without the stream plan)."""
         if self.rng is not None:
             self.rng.advance()
         env: list[Any] = [None] * len(self.graph.nodes)
@@ -190,7 +196,7 @@ class Executable:
             env[s] = t
         for s, t in self.constants:
             env[s] = t
-        if self.stream_runner is not None:
+        if self.stream_runner is not None and not one_stream:
             self.stream_runner.run(env, keep_alive is None)
         else:
             for step, release in zip(self.steps, self.release, strict=True):

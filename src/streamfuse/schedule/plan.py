@@ -35,6 +35,10 @@ class StreamSchedule:
     """Streams the caller's stream waits for at the end."""
     own_first_stream: bool = False
     """Stream 0 is streamfuse's own high-priority stream (else it is the caller's stream)."""
+    concurrency: dict[int, int] = field(default_factory=dict)
+    """Step index -> how many launches may run at once with it: 1 + the launches that are neither
+    before nor after it in the DAG, at most the stream count (launching steps only; the tuner
+    times a kernel beside that many copies of itself)."""
     plan: StreamPlan | None = None
 
     @property
@@ -75,8 +79,18 @@ def schedule_steps(plan: Plan, config: Config) -> StreamSchedule:
     fork = [s for s, steps in sorted(per_stream.items())
             if (s > 0 or own_first) and (s == 0 or not waits.get(steps[0]))]
     join = [s for s, steps in sorted(per_stream.items()) if (s > 0 or own_first) and (s == 0 or steps[-1] not in record)]
+    concurrency = {index[gid]: k for gid, k in launch_concurrency(dag, streams).items()}
     return StreamSchedule(streams=streams, stream_of=stream_of, order=order, waits=waits, record=record,
-                          fork=fork, join=join, own_first_stream=own_first, plan=splan)
+                          fork=fork, join=join, own_first_stream=own_first, plan=splan, concurrency=concurrency)
+
+
+def launch_concurrency(dag: nx.DiGraph, streams: int) -> dict[Any, int]:
+    """For each kernel: 1 + the kernels it has no path to or from, capped at `streams` (the plan's
+    stream count, itself at most the DAG's width): an upper bound on what runs beside it."""
+    if streams <= 1:
+        return dict.fromkeys(dag.nodes, 1)
+    n = dag.number_of_nodes()
+    return {v: min(streams, n - len(nx.ancestors(dag, v)) - len(nx.descendants(dag, v))) for v in dag.nodes}
 
 
 def launch_predecessors(groups: list[Group], owner: dict[Any, Group]) -> dict[int, set[int]]:

@@ -30,7 +30,7 @@ from streamfuse.fusion.groups import Group
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.profile.timing import time_graph_us
+from streamfuse.profile.timing import time_concurrent_us, time_graph_us
 from streamfuse.runtime.steps import ensure_allocator
 from streamfuse.tune.ceilings import DeviceCeilings
 from streamfuse.tune.progress import progress_bar
@@ -68,30 +68,42 @@ def kernel_args(source: KernelSource, device: torch.device) -> list[Any]:
 AGREE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
-def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list[torch.Tensor] | None) -> float:
+def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list[torch.Tensor] | None,
+              copies: int = 1) -> float:
     """Median µs of one launch with `source`'s tile, replayed from a CUDA graph (GPU time without the
     host's launch cost, which would otherwise swamp small kernels and make the ranking noise); inf
     if it cannot compile, run, spills, or computes something else than `expected` (the heuristic
-    tile's outputs): never a wrong fast tile."""
+    tile's outputs): never a wrong fast tile. With `copies` > 1: µs for that many launches at once,
+    each on its own stream with its own outputs and scratch (the kernel as the stream plan runs it,
+    sharing the GPU)."""
 
     device = next(a for a in args if isinstance(a, torch.Tensor)).device
-    scratch = source.scratch_tensors(device)
     if source.descriptors and device.type == "cuda":
         ensure_allocator()
 
-    def launch() -> Any:
-        return kernel[source.grid](*args, *scratch, num_warps=source.num_warps, num_stages=source.num_stages,
-                                   launch_pdl=source.pdl, **source.constexprs)
+    def launcher(launch_args: list[Any]) -> Callable[[], Any]:
+        scratch = source.scratch_tensors(device)
+        return lambda: kernel[source.grid](*launch_args, *scratch, num_warps=source.num_warps,
+                                           num_stages=source.num_stages, launch_pdl=source.pdl, **source.constexprs)
 
+    launch = launcher(args)
     try:
         compiled = launch()
         if getattr(compiled, "n_spills", 0):
             return math.inf
         if expected is not None and not _agrees(_outputs(source, args), expected):
             return math.inf
+        if copies > 1:
+            return time_concurrent_us([launch] + [launcher(_fresh_outputs(source, args)) for _ in range(copies - 1)])
         return time_graph_us(launch)
     except Exception:  # noqa: BLE001 - a failing candidate scores as infinitely slow, by design
         return math.inf
+
+
+def _fresh_outputs(source: KernelSource, args: list[Any]) -> list[Any]:
+    """`args` with new output tensors (the inputs shared)."""
+    outs = {id(t) for t in _outputs(source, args)}
+    return [torch.empty_like(a) if id(a) in outs else a for a in args]
 
 
 def _outputs(source: KernelSource, args: list[Any]) -> list[torch.Tensor]:
@@ -108,11 +120,12 @@ def _agrees(got: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
 
 
 def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config, device: torch.device,
-                progress: bool = True) -> tuple[KernelSource, float]:
-    """The fastest tile for this kernel (from the disk cache when known) and its time in µs."""
+                progress: bool = True, concurrency: int = 1) -> tuple[KernelSource, float]:
+    """The fastest tile for this kernel (from the disk cache when known) and its time in µs; with
+    `concurrency` > 1, the fastest when that many copies run at once (time_tile's `copies`)."""
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     tiles = candidate_tiles(group, config, sm_count)
-    key = _key(source, tiles, device)
+    key = _key(source, tiles, device) + (f"|x{concurrency}" if concurrency > 1 else "")
     cached = _load(config.cache_dir).get(key)
     if cached is not None:
         tile = MatmulTile(*cached["tile"])
@@ -130,7 +143,7 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
             if time.perf_counter() - start > config.autotune_budget_s:
                 break
             step(str(tile))
-            results[tile] = time_tile(kernel, with_tile(source, group, tile), args, expected)
+            results[tile] = time_tile(kernel, with_tile(source, group, tile), args, expected, concurrency)
     best = min(results, key=results.__getitem__)
     if math.isinf(results[best]):
         # nothing compiled: keep the heuristic tile, whose launch will raise the real error
