@@ -32,7 +32,7 @@ import streamfuse
 from streamfuse import Config
 from streamfuse.demo_models import DEMO_MODELS, MultiBranchConv
 from streamfuse.profile.timeline import call_gap_ratio, gap_ratio, one_call, record_timeline, streams_used
-from streamfuse.profile.timing import capture_graph, host_us_per_call, time_cuda_us
+from streamfuse.profile.timing import capture_graph, fork_join, host_us_per_call, time_cuda_us
 
 
 def mlp(d: int) -> torch.nn.Module:
@@ -49,21 +49,7 @@ def eager_graph(fn: Callable[[], Any]) -> Callable[[], Any]:
 def eager_graph_streams(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
     """Each fn on its own stream inside one CUDA graph, forked from and joined to the capture stream
     (a hand-written multi-stream graph: the control for the scheduler's result)."""
-    for _ in range(3):
-        for f in fns:
-            f()
-    torch.cuda.synchronize()
-    streams = [torch.cuda.Stream() for _ in fns]
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        main = torch.cuda.current_stream()
-        for s, f in zip(streams, fns, strict=True):
-            s.wait_stream(main)
-            with torch.cuda.stream(s):
-                f()
-        for s in streams:
-            main.wait_stream(s)
-    return g.replay
+    return eager_graph(fork_join(fns))
 
 
 def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kernels: int | None = None) -> dict:
@@ -114,11 +100,7 @@ def main() -> int:
         models = [mlp(d) for _ in range(4)]
         xs = [torch.randn(1, d, device="cuda") for _ in range(4)]
         pairs = [(m, (x,)) for m, x in zip(models, xs, strict=True)]
-        par4 = streamfuse.parallel(pairs, config)
-        par1 = streamfuse.parallel(pairs, config.replace(max_streams=1))
-        for p in (par4, par1):
-            for o, m, x in zip(p(*xs), models, xs, strict=True):
-                torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
+        par4, par1 = four_and_one(pairs, config)
         rows: list[dict[str, Any]] = []
         measure("eager", lambda: [m(x) for m, x in pairs_x(models, xs)], rows)
         measure("eager + CUDA graph", eager_graph(lambda: [m(x) for m, x in pairs_x(models, xs)]), rows)
@@ -130,11 +112,7 @@ def main() -> int:
         g4 = measure("streamfuse parallel, 4 streams: graph replay", replay_of(par4.compiled), rows)
         results["same_kernels_4_vs_1_replay"] = s1["call_us"] / g4["call_us"]
         results["paired same kernels: 4 MLPs d=1024 float32"] = paired_ratio(same1, replay_of(par4.compiled))
-        off4 = streamfuse.parallel(pairs, config.replace(pdl=False))
-        off1 = streamfuse.parallel(pairs, config.replace(pdl=False, max_streams=1))
-        for p in (off4, off1):
-            for o, m, x in zip(p(*xs), models, xs, strict=True):
-                torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
+        off4, off1 = four_and_one(pairs, config.replace(pdl=False))
         o1 = measure("pdl off, 1 stream: graph replay", replay_of(off1.compiled), rows, off1.stats["kernels"])
         o4 = measure("pdl off, 4 streams: graph replay", replay_of(off4.compiled), rows, off4.stats["kernels"])
         results["pdl_off_4_vs_1_replay"] = o1["call_us"] / o4["call_us"]
@@ -146,11 +124,7 @@ def main() -> int:
                 eager_graph_streams([lambda m=m, x=x: m(x) for m, x in pairs_x(models, xs)]), rows)
         # the same four MLPs with every product through cuBLAS + a separate bias/ReLU kernel (what
         # "auto" chose before the template's matrix-vector loop): twice the kernels
-        t4 = streamfuse.parallel(pairs, config.replace(matmul_strategy="cublas"))
-        t1 = streamfuse.parallel(pairs, config.replace(matmul_strategy="cublas", max_streams=1))
-        for p in (t4, t1):
-            for o, m, x in zip(p(*xs), models, xs, strict=True):
-                torch.testing.assert_close(o, m(x), rtol=1e-3, atol=1e-3)
+        t4, t1 = four_and_one(pairs, config.replace(matmul_strategy="cublas"))
         tt1 = measure("cuBLAS + epilogue: 1 stream graph replay", replay_of(t1.compiled), rows, t1.stats["kernels"])
         tt4 = measure("cuBLAS + epilogue: 4 streams graph replay", replay_of(t4.compiled), rows, t4.stats["kernels"])
         results["cublas_4_vs_1_replay"] = tt1["call_us"] / tt4["call_us"]
@@ -267,6 +241,16 @@ def main() -> int:
               f"{r['eager_us'] / r['streamfuse_us']:.2f}x  ({r['kernels']} kernels, {r['streams']} streams)")
     (out_dir / "streams_graphs.json").write_text(json.dumps(results, indent=1, default=str))
     return 0
+
+
+def four_and_one(pairs: list[tuple[torch.nn.Module, tuple[torch.Tensor, ...]]],
+                 config: Config) -> tuple[streamfuse.ParallelModels, streamfuse.ParallelModels]:
+    """streamfuse.parallel of `pairs` on config's streams and on one stream, both checked against eager."""
+    many, one = streamfuse.parallel(pairs, config), streamfuse.parallel(pairs, config.replace(max_streams=1))
+    for p in (many, one):
+        for out, (model, inputs) in zip(p(*[inputs for _, inputs in pairs]), pairs, strict=True):
+            torch.testing.assert_close(out, model(*inputs), rtol=1e-3, atol=1e-3)
+    return many, one
 
 
 def same_kernels_one_stream(compiled: streamfuse.CompiledGraph, inputs: list[torch.Tensor]) -> Callable[[], Any]:

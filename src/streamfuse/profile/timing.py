@@ -63,9 +63,9 @@ def time_graph_us(fn: Callable[[], Any], calls: int = 10, reps: int = 20) -> flo
     return statistics.median(samples)
 
 
-def time_concurrent_us(fns: list[Callable[[], Any]], calls: int = 10, reps: int = 20) -> float:
-    """Median GPU µs per round of `fns` run at once, each on its own stream forked from and joined
-    to the capturing stream, replayed from a CUDA graph (time_graph_us)."""
+def fork_join(fns: list[Callable[[], Any]]) -> Callable[[], None]:
+    """A call that runs each of `fns` on its own stream, forked from and joined to the current one
+    (captured into a CUDA graph, the streams become parallel branches)."""
     streams = [torch.cuda.Stream() for _ in fns]
 
     def together() -> None:
@@ -77,7 +77,12 @@ def time_concurrent_us(fns: list[Callable[[], Any]], calls: int = 10, reps: int 
         for stream in streams:
             main.wait_stream(stream)
 
-    return time_graph_us(together, calls, reps)
+    return together
+
+
+def time_concurrent_us(fns: list[Callable[[], Any]], calls: int = 10, reps: int = 20) -> float:
+    """Median GPU µs per round of `fns` run at once (fork_join), replayed from a CUDA graph."""
+    return time_graph_us(fork_join(fns), calls, reps)
 
 
 def host_us_per_call(fn: Callable[[], Any], burst: int = 20, rounds: int = 40) -> float:
