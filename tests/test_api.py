@@ -126,6 +126,10 @@ def test_stats_and_explain(config) -> None:  # type: ignore[no-untyped-def]
     assert "amax" in text and "aten.sort" in text and "@triton.jit" in text
     assert "refused fusions" in text and "opaque" in text
     assert "@triton.jit" not in compiled.explain(source=False)
+    if compiled.device.type == "cpu":
+        assert "programmatic dependent launch: off (not a CUDA device)" in text
+    off = streamfuse.compile(fn, (randn(4, 16),), config.replace(pdl=False))
+    assert "programmatic dependent launch: off (Config.pdl=False)" in off.explain(source=False)
 
 
 def test_reference_executor_matches(config) -> None:  # type: ignore[no-untyped-def]

@@ -158,6 +158,9 @@ def test_pdl_graph_replays_on_streams_match_eager_and_the_plain_launches(config)
         assert any(s.pdl for s in launched) and all(s.source.pdl for s in launched)
         assert any(_reads_before_wait(s.source) for s in launched)  # the weights are prefetched
         assert not any(s.pdl for s in off.compiled.base.steps if isinstance(s, KernelStep))
+        text = on.explain(source=False)
+        assert f"programmatic dependent launch: {sum(s.pdl for s in launched)} of {len(launched)}" in text
+        assert "outputs: fresh; up to 2 recorded instance(s)" in text
         for rep in range(30):
             xs = [randn(1, 256, device="cuda", seed=1000 + 10 * rep + i) for i in range(4)]
             got, plain, unstaged = on(*xs), off(*xs), streams(*xs)

@@ -123,7 +123,24 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
         for v, us in sched.waits.items():
             for u in us:
                 lines.append(f"  wait: {groups[v].name} on stream {sched.stream_of[v]} waits for {groups[u].name}")
+    kernels = [st for st in compiled.base.steps if isinstance(st, KernelStep)]
+    if any(st.source.pdl for st in kernels):
+        lines.append(f"programmatic dependent launch: {sum(st.pdl for st in kernels)} of {len(kernels)} generated "
+                     "kernels start while the kernel before them on their stream finishes (the first on each "
+                     "stream launches plainly)")
+    else:
+        lines.append("programmatic dependent launch: off (" + (
+            "Config.pdl=False" if not compiled.config.pdl else
+            "needs a GPU of compute capability 9.0 or newer" if compiled.device.type == "cuda"
+            else "not a CUDA device") + ")")
     if compiled.use_graphs:
+        config = compiled.config
+        outputs = ("outputs: the graph's own buffers, overwritten by the next call (reuse_outputs=True)"
+                   if config.reuse_outputs else
+                   f"outputs: fresh; up to {config.output_sets} recorded instance(s) per graph hand out their own "
+                   f"buffers once the caller has let go of them, otherwise a copy "
+                   f"({compiled.stats['graph_instances']} instance(s) recorded)")
+        lines.append(outputs)
         lines.append(f"CUDA graphs: {compiled.stats['graphs']} recorded (max {compiled.config.max_graphs}); "
                      + ("batch padded up to buckets " + str(list(compiled.config.batch_buckets))
                         if compiled.batch_reason is None else f"batch fixed at {compiled.base_batch}: "
