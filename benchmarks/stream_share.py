@@ -5,7 +5,7 @@ streams, with the split-K cap (Config.matmul_max_split_k, which bounds the progr
 product) swept: a full-GPU kernel leaves nothing for the other streams, a narrow one is slower alone.
 Graph replay times side by side in one run, each ratio over 7 alternating rounds.
 
-    python benchmarks/stream_share.py [--splits 1 2 4 8 32] [--pdl on off] [--priorities on off]
+    python benchmarks/stream_share.py [--splits 1 2 4 8 32] [--pdl on off alone] [--priorities on off]
         [--tune-concurrency on off] [--timeline]
 
 --timeline prints one four-stream call's kernels per stream (first start, last end, in µs).
@@ -41,7 +41,8 @@ def per_stream(intervals: list) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4, 8, 32])
-    parser.add_argument("--pdl", nargs="+", default=["on", "off"], choices=["on", "off"])
+    parser.add_argument("--pdl", nargs="+", default=["on", "off"], choices=["on", "off", "alone"],
+                        help="alone: PDL only for kernels that run beside no other stream's (Config.pdl_beside_others)")
     parser.add_argument("--priorities", nargs="+", default=["on"], choices=["on", "off"])
     parser.add_argument("--tune-concurrency", nargs="+", default=["on"], choices=["on", "off"])
     parser.add_argument("--timeline", action="store_true")
@@ -59,7 +60,8 @@ def main() -> int:
     with torch.no_grad():
         for tc, prio, pdl, split in [(t, r, p, s) for t in args.tune_concurrency for r in args.priorities
                                      for p in args.pdl for s in args.splits]:
-            config = Config(cache_dir=Path(args.out) / "cache", matmul_max_split_k=split, pdl=pdl == "on",
+            config = Config(cache_dir=Path(args.out) / "cache", matmul_max_split_k=split, pdl=pdl != "off",
+                            pdl_beside_others=pdl == "on",
                             stream_priorities=prio == "on", autotune_concurrency=tc == "on")
             four, one = four_and_one(pairs, config)
             (g1,) = one.compiled.recorded_graphs().values()

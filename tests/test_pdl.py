@@ -134,6 +134,15 @@ def test_pdl_launch_only_after_one_of_our_kernels_on_the_same_stream(config, dev
         step = exe.steps[i]
         if isinstance(step, KernelStep):
             assert step.pdl == (i not in first_on.values()), f"step {i} on stream {sched.stream_of[i]}"
+    # not beside others: the three models' kernels all run beside each other (concurrency 3), so
+    # none is launched with PDL; a kernel with concurrency 1 still is
+    assert all(sched.concurrency.get(i, 1) == 3 for i, s in enumerate(exe.steps) if isinstance(s, KernelStep))
+    mark_pdl_launches(exe.steps, exe.schedule, beside_others=False)
+    assert not any(s.pdl for s in kernels)
+    i_alone = next(i for i in sched.order if isinstance(exe.steps[i], KernelStep) and i not in first_on.values())
+    mark_pdl_launches(exe.steps, dataclasses.replace(sched, concurrency={**sched.concurrency, i_alone: 1}),
+                      beside_others=False)
+    assert [i for i, s in enumerate(exe.steps) if isinstance(s, KernelStep) and s.pdl] == [i_alone]
     for s in kernels:  # a kernel compiled without PDL is never launched with it
         s.source = dataclasses.replace(s.source, pdl=False)
     mark_pdl_launches(exe.steps, exe.schedule)

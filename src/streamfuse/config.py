@@ -91,6 +91,10 @@ class Config:
     kernel may start while the one before it on its stream finishes, and waits (griddepcontrol.wait)
     before it reads anything that kernel could have written; the matrix-vector loop reads its
     constant weights before that wait. Hides the launch gap between dependent kernels."""
+    pdl_beside_others: bool = True
+    """Also launch with programmatic dependent launch a kernel that the stream plan runs beside
+    kernels of other streams (schedule concurrency > 1). Such a kernel's programs are resident, and
+    hold SM slots, from the moment the kernel before it starts."""
     autotune: bool = True
     """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
     keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""

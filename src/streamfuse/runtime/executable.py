@@ -96,7 +96,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     # 5. zero-copy views of weights are taken once, not on every call; programmatic dependent
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
-    mark_pdl_launches(steps, schedule)
+    mark_pdl_launches(steps, schedule, config.pdl_beside_others)
     exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
     exe.ceilings = ceilings
     exe.rng = rng
@@ -104,11 +104,13 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     return exe
 
 
-def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule) -> None:
+def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule, beside_others: bool = True) -> None:
     """A kernel compiled for programmatic dependent launch is launched with the attribute only where
     the launch before it on its stream is one of ours: that kernel writes nothing the early reads
     (constants) touch, and signals early. The first launch on a stream follows the caller's work
-    (which may be writing a weight in place) and is launched plainly; its wait is then a no-op."""
+    (which may be writing a weight in place) and is launched plainly; its wait is then a no-op.
+    Unless `beside_others`, a kernel the plan runs beside other streams' kernels (schedule
+    concurrency > 1) is launched plainly too: its early-resident programs would hold their SM slots."""
     last_on: dict[int, Step] = {}
     for i in schedule.order if schedule.streams > 1 else range(len(steps)):
         step = steps[i]
@@ -116,7 +118,8 @@ def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule) -> None:
             continue  # launches nothing
         stream = schedule.stream_of.get(i, 0) if schedule.streams > 1 else 0
         if isinstance(step, KernelStep):
-            step.pdl = step.source.pdl and isinstance(last_on.get(stream), KernelStep)
+            alone = schedule.concurrency.get(i, 1) == 1
+            step.pdl = step.source.pdl and isinstance(last_on.get(stream), KernelStep) and (beside_others or alone)
         last_on[stream] = step
 
 

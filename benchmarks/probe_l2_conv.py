@@ -1,0 +1,110 @@
+"""Two diagnostics behind issue 4's unmet targets, measured side by side in one run. GPU only.
+
+    python benchmarks/probe_l2_conv.py [--part l2 conv] [--out DIR]
+
+l2: is the four-MLP graph's bimodal time (PERF.md session 9: ~23 vs 32-41 µs on 4 streams) the
+    weights falling in or out of L2? d=1024 fp32 weights are 4 x 3 x 4 MiB = 48 MiB, about the
+    H200's L2. Fresh model sets (new allocations) at d = 768 (27 MiB), 1024 (48) and 1448 (96),
+    each timed warm (back-to-back replays) and cold (L2 overwritten before every replay, events
+    around the replay alone), 4 streams and the same kernels on one stream.
+conv: what the c64 56x56 multi-branch block's convolutions cost with cuDNN's heuristic algorithm
+    vs its benchmarked one (torch.backends.cudnn.benchmark), alone (eager) and as the
+    streamfuse graph on 1 and 4 streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from streams_graphs import four_and_one, mlp, paired_ratio, replay_of, same_kernels_one_stream
+
+import streamfuse
+from streamfuse import Config
+from streamfuse.demo_models import MultiBranchConv
+from streamfuse.profile.timing import time_cuda_us
+
+
+def cold_us(fn: Callable[[], Any], reps: int = 40) -> float:
+    """Median time of fn with L2 overwritten (a 256 MiB write) before each call; events around fn only."""
+    scrub = torch.empty(64 * 1024 * 1024, device="cuda")
+    times = []
+    for _ in range(reps + 3):
+        scrub.fill_(1.0)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times[3:])
+
+
+def l2(out: Path) -> None:
+    print(f"{'d':>5} {'MiB':>4} {'set':>3} {'4 str warm':>10} {'1 str warm':>10} {'paired':>7} "
+          f"{'4 str cold':>10} {'1 str cold':>10}")
+    for d in (768, 1024, 1448):
+        for k in range(3):
+            torch.manual_seed(k)
+            models = [mlp(d) for _ in range(4)]
+            xs = [torch.randn(1, d, device="cuda") for _ in range(4)]
+            four, _ = four_and_one([(m, (x,)) for m, x in zip(models, xs, strict=True)],
+                                   Config(cache_dir=out / "cache"))
+            g4, s1 = replay_of(four.compiled), same_kernels_one_stream(four.compiled, xs)
+            w4, w1 = time_cuda_us(g4, warmup=20, reps=200), time_cuda_us(s1, warmup=20, reps=200)
+            pr = paired_ratio(s1, g4)
+            print(f"{d:5d} {4 * 3 * d * d * 4 / 2**20:4.0f} {k:3d} {w4:10.1f} {w1:10.1f} {pr['median']:6.2f}x "
+                  f"{cold_us(g4):10.1f} {cold_us(s1):10.1f}")
+
+
+def conv(out: Path) -> None:
+    torch.manual_seed(0)
+    block = MultiBranchConv(64).eval().cuda()
+    x = torch.randn(1, 64, 56, 56, device="cuda")
+    convs = {"1x1": block.b1[0], "3x3": block.b2[0], "5x5": block.b3[0]}
+    for bench in (False, True):
+        torch.backends.cudnn.benchmark = bench
+        for layout in (torch.contiguous_format, torch.channels_last):
+            xi = x.contiguous(memory_format=layout)
+            cells = []
+            for name, c in convs.items():
+                ci = torch.nn.Conv2d(c.in_channels, c.out_channels, c.kernel_size, padding=c.padding).cuda()
+                ci = ci.to(memory_format=layout)
+                cells.append(f"{name} {time_cuda_us(lambda ci=ci, xi=xi: ci(xi), warmup=20, reps=200):6.1f}")
+            lay = "channels_last" if layout is torch.channels_last else "NCHW"
+            print(f"eager conv, cudnn.benchmark={bench!s:5} {lay:13}: " + "  ".join(cells) + " µs")
+    for bench in (False, True):
+        torch.backends.cudnn.benchmark = bench
+        c4 = streamfuse.compile(block, (x,), Config(cache_dir=out / "cache"))
+        c1 = streamfuse.compile(block, (x,), Config(cache_dir=out / "cache", max_streams=1))
+        for c in (c4, c1):
+            torch.testing.assert_close(c(x), block(x), rtol=2e-3, atol=2e-3)
+        g4, g1 = replay_of(c4), replay_of(c1)
+        pr = paired_ratio(g1, g4)
+        print(f"streamfuse c64 56x56, cudnn.benchmark={bench!s:5}: 1 stream {time_cuda_us(g1, reps=200):.1f} µs, "
+              f"4 streams {time_cuda_us(g4, reps=200):.1f} µs, paired {pr['median']:.2f}x "
+              f"({pr['min']:.2f}-{pr['max']:.2f})")
+    torch.backends.cudnn.benchmark = False
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--part", nargs="+", default=["l2", "conv"], choices=["l2", "conv"])
+    parser.add_argument("--out", default="out")
+    args = parser.parse_args()
+    with torch.no_grad():
+        for part in args.part:
+            {"l2": l2, "conv": conv}[part](Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
