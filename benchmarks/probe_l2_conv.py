@@ -95,14 +95,48 @@ def conv(out: Path) -> None:
     torch.backends.cudnn.benchmark = False
 
 
+def conv_layout(out: Path) -> None:
+    """Each c64 56x56 convolution alone, in a CUDA graph (so GPU time, not eager host time):
+    NCHW, channels_last with the layout changes inside the graph, channels_last throughout; TF32 on
+    (cuDNN's default) and off. Then the kernels cuDNN runs for the 5x5 in each layout."""
+    from streamfuse.profile.timeline import one_call
+    from streamfuse.profile.timing import capture_graph
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 64, 56, 56, device="cuda")
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    for k in (1, 3, 5):
+        conv = torch.nn.Conv2d(64, 16, k, padding=k // 2).cuda()
+        wcl = conv.weight.contiguous(memory_format=torch.channels_last)
+        ref = conv(x)
+        variants = {
+            "NCHW": lambda conv=conv: conv(x),
+            "CL+convert": lambda conv=conv, wcl=wcl, p=k // 2: torch.nn.functional.conv2d(
+                x.contiguous(memory_format=torch.channels_last), wcl, conv.bias, padding=p).contiguous(),
+            "CL only": lambda conv=conv, wcl=wcl, p=k // 2: torch.nn.functional.conv2d(xcl, wcl, conv.bias, padding=p),
+        }
+        cells = []
+        for tf32 in (True, False):
+            torch.backends.cudnn.allow_tf32 = tf32
+            for name, fn in variants.items():
+                torch.testing.assert_close(fn(), ref, rtol=3e-3, atol=3e-3)
+                graph, _ = capture_graph(fn)
+                cells.append(f"{name}{'' if tf32 else ' fp32'} {time_cuda_us(graph.replay, warmup=20, reps=300):5.1f}")
+                if k == 5 and tf32:
+                    print(f"  5x5 {name} kernels: " + "; ".join(f"{i.name[:60]} {i.duration_us:.1f}"
+                                                              for i in one_call(graph.replay)))
+        torch.backends.cudnn.allow_tf32 = True
+        print(f"conv {k}x{k} 64->16 56x56 in a graph (µs): " + ", ".join(cells))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--part", nargs="+", default=["l2", "conv"], choices=["l2", "conv"])
+    parser.add_argument("--part", nargs="+", default=["l2", "conv"], choices=["l2", "conv", "layout"])
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
     with torch.no_grad():
         for part in args.part:
-            {"l2": l2, "conv": conv}[part](Path(args.out))
+            {"l2": l2, "conv": conv, "layout": conv_layout}[part](Path(args.out))
     return 0
 
 

@@ -5,7 +5,8 @@
 1. four independent 3-layer MLPs at batch 1 through streamfuse.parallel: 4 streams vs the same
    kernels captured on one stream (max_streams=1), with eager and eager-in-a-CUDA-graph for reference;
 2. a multi-branch conv block at batch 1: 4 streams vs one stream;
-3. host time per call of a captured single-input model;
+3. host time per call of a captured single-input model (measured before any torch.profiler session,
+   and again after them);
 4. the demo models: eager vs streamfuse.
 Gap ratio = GPU idle between kernels / GPU busy (torch.profiler): "in call" is the median over 10
 calls synchronized one at a time (the idle time inside a call), "back to back" over 20 calls issued
@@ -101,6 +102,25 @@ def main() -> int:
         xs = [torch.randn(1, d, device="cuda") for _ in range(4)]
         pairs = [(m, (x,)) for m, x in zip(models, xs, strict=True)]
         par4, par1 = four_and_one(pairs, config)
+        # 3 (measured first: no torch.profiler session has run yet). host time per call
+        single = streamfuse.compile(models[0], (xs[0],), config)
+        results["host_us_single_input_mlp"] = host_us_per_call(lambda: single(xs[0]))
+        results["host_us_eager_mlp"] = host_us_per_call(lambda: models[0](xs[0]))
+        reuse = streamfuse.compile(models[0], (xs[0],), config.replace(reuse_outputs=True))
+        results["host_us_single_input_mlp_reuse"] = host_us_per_call(lambda: reuse(xs[0]))
+        copying = streamfuse.compile(models[0], (xs[0],), config.replace(output_sets=0))
+        results["host_us_single_input_mlp_copying"] = host_us_per_call(lambda: copying(xs[0]))
+        unchecked = streamfuse.compile(models[0], (xs[0],), config.replace(check_inputs=False))
+        results["host_us_single_input_mlp_unchecked"] = host_us_per_call(lambda: unchecked(xs[0]))
+        buf = torch.empty_like(xs[0])
+        results["host_components_us"] = {  # what one call is made of, each alone
+            "graph replay": host_us_per_call(replay_of(single)),
+            "copy_ of the input": host_us_per_call(lambda: buf.copy_(xs[0])),
+            "clone of the output": host_us_per_call(lambda: buf.clone()),
+            "torch.empty": host_us_per_call(lambda: torch.empty(1, d, device="cuda")),
+            "an empty Python call": host_us_per_call(lambda: None),
+        }
+
         rows: list[dict[str, Any]] = []
         measure("eager", lambda: [m(x) for m, x in pairs_x(models, xs)], rows)
         measure("eager + CUDA graph", eager_graph(lambda: [m(x) for m, x in pairs_x(models, xs)]), rows)
@@ -154,7 +174,8 @@ def main() -> int:
             x = torch.randn(1, channels, size, size, device="cuda")
             c4 = streamfuse.compile(block, (x,), config)
             c1 = streamfuse.compile(block, (x,), config.replace(max_streams=1))
-            torch.testing.assert_close(c4(x), block(x), rtol=1e-3, atol=1e-3)
+            # cuDNN runs float32 convolutions in TF32, each layout through its own engine (conv_layout)
+            torch.testing.assert_close(c4(x), block(x), rtol=1e-2, atol=1e-2)
             tag = f"conv block c{channels} {size}x{size}"
             measure(f"{tag}: eager", lambda b=block, x=x: b(x), rows)
             measure(f"{tag}: eager + CUDA graph", eager_graph(lambda b=block, x=x: b(x)), rows)
@@ -165,33 +186,23 @@ def main() -> int:
             gb = measure(f"{tag}: streamfuse {c4.stats['streams']} streams: graph replay", replay_of(c4), rows)
             results[f"speedup {tag}"] = (a["call_us"] / b["call_us"], ga["call_us"] / gb["call_us"])
             results[f"paired {tag}"] = paired_ratio(replay_of(c1), replay_of(c4))
-            p4 = streamfuse.compile(block, (x,), config.replace(pdl=False))
-            p1 = streamfuse.compile(block, (x,), config.replace(pdl=False, max_streams=1))
-            torch.testing.assert_close(p4(x), block(x), rtol=1e-3, atol=1e-3)
-            p1(x)
-            measure(f"{tag}: pdl off, 1 stream: graph replay", replay_of(p1), rows)
-            measure(f"{tag}: pdl off, {p4.stats['streams']} streams: graph replay", replay_of(p4), rows)
-            results[f"paired pdl off: {tag}"] = paired_ratio(replay_of(p1), replay_of(p4))
+            for label, variant in (("pdl off", config.replace(pdl=False)),
+                                   ("convolutions as recorded (NCHW)", config.replace(conv_layout="native"))):
+                p4 = streamfuse.compile(block, (x,), variant)
+                p1 = streamfuse.compile(block, (x,), variant.replace(max_streams=1))
+                torch.testing.assert_close(p4(x), block(x), rtol=1e-2, atol=1e-2)
+                p1(x)
+                measure(f"{tag}: {label}, 1 stream: graph replay", replay_of(p1), rows)
+                measure(f"{tag}: {label}, {p4.stats['streams']} streams: graph replay", replay_of(p4), rows)
+                results[f"paired {label}: {tag}"] = paired_ratio(replay_of(p1), replay_of(p4))
+            results[f"conv layouts {tag}"] = {k: (v.layout, v.native_us, v.channels_last_us)
+                                              for k, v in c4.base.conv_layouts.items()}
         results["conv"] = rows
 
-        # 3. host time per call
-        single = streamfuse.compile(models[0], (xs[0],), config)
-        results["host_us_single_input_mlp"] = host_us_per_call(lambda: single(xs[0]))
-        results["host_us_eager_mlp"] = host_us_per_call(lambda: models[0](xs[0]))
-        reuse = streamfuse.compile(models[0], (xs[0],), config.replace(reuse_outputs=True))
-        results["host_us_single_input_mlp_reuse"] = host_us_per_call(lambda: reuse(xs[0]))
-        copying = streamfuse.compile(models[0], (xs[0],), config.replace(output_sets=0))
-        results["host_us_single_input_mlp_copying"] = host_us_per_call(lambda: copying(xs[0]))
-        unchecked = streamfuse.compile(models[0], (xs[0],), config.replace(check_inputs=False))
-        results["host_us_single_input_mlp_unchecked"] = host_us_per_call(lambda: unchecked(xs[0]))
-        buf = torch.empty_like(xs[0])
-        results["host_components_us"] = {  # what one call is made of, each alone
-            "graph replay": host_us_per_call(replay_of(single)),
-            "copy_ of the input": host_us_per_call(lambda: buf.copy_(xs[0])),
-            "clone of the output": host_us_per_call(lambda: buf.clone()),
-            "torch.empty": host_us_per_call(lambda: torch.empty(1, d, device="cuda")),
-            "an empty Python call": host_us_per_call(lambda: None),
-        }
+        # 3. host time per call, again after the profiler sessions above (torch.profiler leaves CUPTI
+        #    hooks on every later launch: PERF.md session 10)
+        results["host_us_single_input_mlp_after_profiler"] = host_us_per_call(lambda: single(xs[0]))
+        results["host_components_after_profiler_us"] = {"graph replay": host_us_per_call(replay_of(single))}
 
         # 4. demo models
         demo = []
@@ -226,6 +237,9 @@ def main() -> int:
                   f"range {v['min']:.2f}-{v['max']:.2f}x")
         if k.startswith("mlp sweep"):
             print(f"{k.removeprefix('mlp sweep ')}: 4 streams vs 1 stream: {v:.2f}x (graph replay)")
+        if k.startswith("conv layouts"):
+            print(f"{k}: " + ", ".join(f"{g} {lay} ({n:.1f} µs NCHW, {c:.1f} channels_last)" if n else f"{g} {lay}"
+                                       for g, (lay, n, c) in v.items()))
         if k.startswith("speedup conv"):
             print(f"{k.removeprefix('speedup ')}: multi-stream vs 1 stream: {v[1]:.2f}x (graph replay), "
                   f"{v[0]:.2f}x (call)")
@@ -236,6 +250,9 @@ def main() -> int:
           f"{results['host_us_single_input_mlp_unchecked']:.1f} µs")
     print("host time per call of the pieces: " + ", ".join(f"{k} {v:.1f} µs"
                                                            for k, v in results["host_components_us"].items()))
+    print(f"after torch.profiler sessions in this process: streamfuse "
+          f"{results['host_us_single_input_mlp_after_profiler']:.1f} µs, graph replay "
+          f"{results['host_components_after_profiler_us']['graph replay']:.1f} µs")
     for r in results["demo"]:
         print(f"demo {r['model']:20} eager {r['eager_us']:8.1f} µs  streamfuse {r['streamfuse_us']:8.1f} µs  "
               f"{r['eager_us'] / r['streamfuse_us']:.2f}x  ({r['kernels']} kernels, {r['streams']} streams)")

@@ -163,8 +163,8 @@ def test_autotuning_picks_a_correct_tile_and_caches_it(config) -> None:  # type:
     kernel = compiled.steps[compiled.plan.groups.index(group)].kernel
     source, us = autotune.tune_matmul(group, compiled.sources[group.id], kernel, config, torch.device("cuda"))
     assert math.isfinite(us) and source.constexprs == compiled.sources[group.id].constexprs  # from the cache
-    key = next(k for k in autotune._load(config.cache_dir) if source.fn_name in k)
-    tried = autotune._load(config.cache_dir)[key]["tried"]
+    key = next(k for k in autotune.load_cache(config.cache_dir) if source.fn_name in k)
+    tried = autotune.load_cache(config.cache_dir)[key]["tried"]
     assert len(tried) >= 8 and min(v for v in tried.values() if v is not None) == pytest.approx(us)
     # a tile whose results disagree with the expected ones scores as infinitely slow
     args = autotune.kernel_args(source, torch.device("cuda"))

@@ -13,6 +13,7 @@ from typing import Literal
 
 Executor = Literal["auto", "triton", "reference"]
 MatmulStrategy = Literal["auto", "triton", "cublas"]
+ConvLayout = Literal["auto", "native", "channels_last"]
 
 
 def _default_cache_dir() -> Path:
@@ -102,6 +103,14 @@ class Config:
     """Tune a matmul that the stream plan runs beside other kernels by timing each candidate tile
     beside copies of itself on as many streams (schedule concurrency, at most max_streams): the
     fastest tile alone is not the fastest when it shares the GPU."""
+    conv_layout: ConvLayout = "auto"
+    """Memory layout a 2-D convolution with NCHW input and output runs in through cuDNN. "auto": on
+    CUDA (with autotune), each such convolution is timed in NCHW and in channels_last (the layout
+    changes inside the step) once per shape, cached, and the faster kept if it wins by
+    conv_layout_margin (cuDNN's NCHW float32 5x5 ran 3x slower than its channels_last kernel on the
+    H200); "native": as recorded; "channels_last": always (any device)."""
+    conv_layout_margin: float = 0.1
+    """Fraction by which channels_last must beat NCHW for "auto" to pick it (timing noise)."""
     autotune_budget_s: float = 60.0
     """Upper bound on tuning time per kernel; the candidates not reached are skipped."""
     # --- scheduling (schedule/) --------------------------------------------------------
@@ -172,6 +181,10 @@ class Config:
                              f"got {buckets!r}")
         if self.matmul_strategy not in ("auto", "triton", "cublas"):
             raise ValueError(f"Config.matmul_strategy must be 'auto', 'triton' or 'cublas', got {self.matmul_strategy!r}")
+        if self.conv_layout not in ("auto", "native", "channels_last"):
+            raise ValueError(f"Config.conv_layout must be 'auto', 'native' or 'channels_last', got {self.conv_layout!r}")
+        if not 0.0 <= self.conv_layout_margin < 1.0:
+            raise ValueError(f"Config.conv_layout_margin must be in [0, 1), got {self.conv_layout_margin}")
         if not 0.0 < self.triton_matmul_efficiency <= 2.0:
             raise ValueError(f"Config.triton_matmul_efficiency must be in (0, 2], got {self.triton_matmul_efficiency}")
         if not 1 <= self.matmul_max_split_k <= 1024:

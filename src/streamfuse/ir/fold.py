@@ -284,6 +284,7 @@ def _constant_node(graph: Graph, name: str, value: torch.Tensor) -> Node:
     node = Node(name, "input", OpKind.INPUT, None, shape=tuple(value.shape), dtype=value.dtype,
                 strides=tuple(value.stride()))
     graph.constants[node] = value
+    graph.snapshots.add(node)
     return node
 
 
@@ -296,6 +297,7 @@ def _drop_unread_constants(graph: Graph, candidates: list[Node | None]) -> None:
         graph.nodes = [n for n in graph.nodes if n not in dead]
         for n in dead:
             graph.constants.pop(n, None)
+            graph.snapshots.discard(n)
 
 
 def _fresh(name: str, names: set[str]) -> str:

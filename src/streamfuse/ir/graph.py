@@ -92,6 +92,9 @@ class Graph:
     constants: dict[Node, torch.Tensor] = field(default_factory=dict)
     """Nodes whose value is fixed at compile time: parameters, buffers, lifted constants, and
     views of those that the runtime takes once."""
+    snapshots: set[Node] = field(default_factory=set)
+    """Constants computed at compile time (folded weights): the compiled graph owns them, so no
+    caller changes them in place and derived copies of them (another memory layout) stay valid."""
     source_ops: int = 0
     """aten ops in the captured graph (before streamfuse's own lowerings; getitem excluded)."""
     notes: list[str] = field(default_factory=list)
@@ -162,6 +165,7 @@ def disjoint_union(graphs: list[Graph], prefixes: list[str]) -> Graph:
     inputs: list[Node] = []
     outputs: list[Arg] = []
     constants: dict[Node, torch.Tensor] = {}
+    snapshots: set[Node] = set()
     for g, prefix in zip(graphs, prefixes, strict=True):
         for n in g.nodes:
             n.name = f"{prefix}{n.name}"
@@ -169,5 +173,6 @@ def disjoint_union(graphs: list[Graph], prefixes: list[str]) -> Graph:
         inputs += g.inputs
         outputs += g.outputs
         constants.update(g.constants)
-    return Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants,
+        snapshots |= g.snapshots
+    return Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, snapshots=snapshots,
                  source_ops=sum(g.source_ops for g in graphs), notes=[n for g in graphs for n in g.notes])

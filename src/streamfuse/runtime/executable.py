@@ -22,11 +22,12 @@ from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
 from streamfuse.ir.rng import RngState, attach_rng
 from streamfuse.profile import known
-from streamfuse.runtime.steps import HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
+from streamfuse.runtime.steps import ChannelsLastConvStep, HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
 from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.schedule.plan import StreamSchedule, schedule_steps
 from streamfuse.tune.ceilings import DeviceCeilings, builtin_for, ceilings_for
+from streamfuse.tune.conv_layout import ConvLayoutChoice, choose_layout, eligible
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
 
@@ -82,10 +83,18 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
                 k = schedule.concurrency.get(i, 1) if config.autotune_concurrency else 1
                 sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device,
                                                concurrency=k)
-    # 4. one step per group; generated kernels are compiled (cached by content hash) when used
+    # 4. one step per group; generated kernels are compiled (cached by content hash) when used; a
+    #    convolution runs in the layout Config.conv_layout picks (measured under "auto" on CUDA)
     slot = {n: i for i, n in enumerate(graph.nodes)}
     steps: list[Step] = []
+    conv_layouts: dict[str, ConvLayoutChoice] = {}
     for g in plan.groups:
+        if len(g.nodes) == 1 and eligible(g.nodes[0], graph):
+            conv_layouts[g.name] = choice = choose_layout(g.nodes[0], graph, config, device)
+            if choice.layout == "channels_last":
+                w = g.nodes[0].args[1]
+                steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None))
+                continue
         if g.kind.generated and executor == "triton":
             kernel = _load(sources[g.id], config)
             step = make_kernel_step(g, sources[g.id], kernel, slot, device, rng)
@@ -99,6 +108,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     mark_pdl_launches(steps, schedule, config.pdl_beside_others)
     exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
     exe.ceilings = ceilings
+    exe.conv_layouts = conv_layouts
     exe.rng = rng
     exe.sm_count = sm_count
     return exe
@@ -176,6 +186,8 @@ class Executable:
         self.slot = {n: i for i, n in enumerate(graph.nodes)}
         self.ceilings: DeviceCeilings = builtin_for(None)
         """The device ceilings the plan's cost model used (calibrated on CUDA)."""
+        self.conv_layouts: dict[str, ConvLayoutChoice] = {}
+        """Layout of each eligible convolution step, by group name (tune/conv_layout.py)."""
         self.sm_count = DEFAULT_SM_COUNT
         self.rng: RngState | None = None
         """Dropout's random-number state: advanced once per call, so each call draws a fresh mask."""

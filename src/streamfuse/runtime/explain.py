@@ -52,6 +52,11 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
                 f"{split_text}, grid {src.grid}, {src.num_warps} warps, {src.num_stages} stages; {g.note}")
     elif g.kind is GroupKind.ATEN:
         head = f"ATen ({g.note})" if g.note else "ATen"
+        conv = compiled.base.conv_layouts.get(g.name)
+        if conv is not None:
+            measured = (f", measured {conv.channels_last_us:.1f} µs channels_last vs {conv.native_us:.1f} µs NCHW"
+                        if conv.native_us is not None and conv.channels_last_us is not None else "")
+            head += f"; runs in {conv.layout.replace('native', 'NCHW')} ({conv.reason}{measured})"
     else:
         head = "zero-copy alias (no launch)"
     lines = [f"{g.name}  [{g.kind.value}] {head}", f"    ops ({len(g.nodes)}): {ops}"]
@@ -127,7 +132,8 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
     if any(st.source.pdl for st in kernels):
         lines.append(f"programmatic dependent launch: {sum(st.pdl for st in kernels)} of {len(kernels)} generated "
                      "kernels start while the kernel before them on their stream finishes (the first on each "
-                     "stream launches plainly)")
+                     "stream launches plainly" + ("" if compiled.config.pdl_beside_others else
+                                                  ", and so does a kernel that runs beside other streams'") + ")")
     else:
         lines.append("programmatic dependent launch: off (" + (
             "Config.pdl=False" if not compiled.config.pdl else

@@ -78,6 +78,27 @@ class NodeStep:
             env[c.out] = c.target(*args, **kwargs)
 
 
+class ChannelsLastConvStep(NodeStep):
+    """A 2-D convolution (one node, NCHW input and output) run through cuDNN in channels_last:
+    the input is converted, the result converted back to the contiguous NCHW the plan expects.
+    A weight the graph owns (a folded snapshot) is converted once here; a live parameter is
+    converted on every call, so in-place changes to it are seen (tune/conv_layout.py)."""
+
+    def __init__(self, group: Group, slot: dict[Node, int], weight: torch.Tensor | None):
+        super().__init__(group, slot)
+        (self.call,) = self.calls
+        self.weight = None if weight is None else weight.contiguous(memory_format=torch.channels_last)
+
+    def run(self, env: Env) -> None:
+        c = self.call
+        args = c.args.copy()
+        for i, s in c.patches:
+            args[i] = env[s]
+        args[0] = args[0].contiguous(memory_format=torch.channels_last)
+        args[1] = self.weight if self.weight is not None else args[1].contiguous(memory_format=torch.channels_last)
+        env[c.out] = c.target(*args, **c.kwargs).contiguous()
+
+
 class HoistedStep:
     """A step whose results depend on constants only, computed once when the plan was built."""
 

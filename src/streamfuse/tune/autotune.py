@@ -126,7 +126,7 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     tiles = candidate_tiles(group, config, sm_count)
     key = _key(source, tiles, device) + (f"|x{concurrency}" if concurrency > 1 else "")
-    cached = _load(config.cache_dir).get(key)
+    cached = load_cache(config.cache_dir).get(key)
     if cached is not None:
         tile = MatmulTile(*cached["tile"])
         return with_tile(source, group, tile), float(cached["us"])
@@ -148,7 +148,7 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
     if math.isinf(results[best]):
         # nothing compiled: keep the heuristic tile, whose launch will raise the real error
         return with_tile(source, group, heuristic_tile(group, config, sm_count)), math.inf
-    _store(config.cache_dir, key, {"tile": [best.block_m, best.block_n, best.block_k, best.num_warps,
+    store_cache(config.cache_dir, key, {"tile": [best.block_m, best.block_n, best.block_k, best.num_warps,
                                             best.num_stages, best.group_m, best.split_k], "us": results[best],
                                    "tried": {str(t): (None if math.isinf(v) else v) for t, v in results.items()}})
     return with_tile(source, group, best), results[best]
@@ -198,7 +198,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _load(cache_dir: Path) -> dict[str, Any]:
+def load_cache(cache_dir: Path) -> dict[str, Any]:
     path = cache_dir / CACHE_FILE
     if path not in _memo:
         try:
@@ -209,9 +209,9 @@ def _load(cache_dir: Path) -> dict[str, Any]:
     return _memo[path]
 
 
-def _store(cache_dir: Path, key: str, value: dict[str, Any]) -> None:
+def store_cache(cache_dir: Path, key: str, value: dict[str, Any]) -> None:
     path = cache_dir / CACHE_FILE
-    data = _load(cache_dir)
+    data = load_cache(cache_dir)
     data[key] = value
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,136 @@
+"""Convolutions run in channels_last through cuDNN (Config.conv_layout, tune/conv_layout.py):
+equal to eager, live weights stay live, folded ones are converted once, and "auto" keeps
+channels_last only when it is measured faster by the margin, caching what it measured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import streamfuse
+from streamfuse import Config
+from streamfuse.demo_models import MultiBranchConv, _randomize_bn
+from streamfuse.runtime.steps import ChannelsLastConvStep
+from streamfuse.tune.conv_layout import choose_layout, eligible, measure_layout
+
+
+def conv_steps(compiled: streamfuse.CompiledGraph) -> list[ChannelsLastConvStep]:
+    return [s for s in compiled.base.steps if isinstance(s, ChannelsLastConvStep)]
+
+
+def bn_block(channels: int, device: torch.device) -> torch.nn.Module:
+    block = MultiBranchConv(channels).eval()
+    with torch.no_grad():
+        _randomize_bn(block, torch.Generator().manual_seed(3))
+    return block.to(device)
+
+
+def test_channels_last_block_matches_eager_on_fresh_inputs(config, device) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    block = bn_block(32, device)
+    x = torch.randn(1, 32, 12, 12, device=device)
+    compiled = streamfuse.compile(block, (x,), config.replace(conv_layout="channels_last"))
+    steps = conv_steps(compiled)
+    assert len(steps) == 4  # the four branches' convolutions, batch-norm folded: weights converted once
+    assert all(s.weight is not None and s.weight.is_contiguous(memory_format=torch.channels_last) for s in steps)
+    for seed in range(3):
+        x = torch.randn(1, 32, 12, 12, device=device) * (seed + 1)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), block(x), rtol=1e-4, atol=1e-4)
+    assert compiled(x).is_contiguous()
+    lines = [line for line in compiled.explain().splitlines() if "runs in channels_last (Config.conv_layout)" in line]
+    assert len(lines) == 4
+
+
+def test_channels_last_conv_reads_a_live_weight_on_every_call(config, device) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 6, 3, padding=1), torch.nn.ReLU()).eval().to(device)
+    x = torch.randn(2, 8, 10, 10, device=device)
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="channels_last"))
+    (step,) = conv_steps(compiled)
+    assert step.weight is None  # a parameter the caller may change: converted per call
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        model[0].weight.mul_(-0.5)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_native_layout_and_ineligible_convolutions_keep_the_recorded_step(config, device) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.ReLU()).eval().to(device)
+    x = torch.randn(1, 4, 6, 6, device=device)
+    assert not conv_steps(streamfuse.compile(model, (x,), config.replace(conv_layout="native")))
+    # auto off CUDA or without autotune: nothing measured, nothing converted
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="auto", autotune=False))
+    assert not conv_steps(compiled)
+    assert "runs in NCHW (not measured" in compiled.explain()
+    # a channels_last input, a 1-D and a transposed convolution are run as recorded
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    cl = streamfuse.compile(model, (xcl,), config.replace(conv_layout="channels_last"))
+    assert not conv_steps(cl)
+    for other, shape in ((torch.nn.Conv1d(4, 4, 3), (1, 4, 9)), (torch.nn.ConvTranspose2d(4, 4, 3), (1, 4, 6, 6))):
+        inp = torch.randn(*shape, device=device)
+        c = streamfuse.compile(other.eval().to(device), (inp,), config.replace(conv_layout="channels_last"))
+        assert not conv_steps(c)
+        with torch.no_grad():
+            torch.testing.assert_close(c(inp), other(inp), rtol=1e-4, atol=1e-4)
+
+
+def _conv_node(model: torch.nn.Module, x: torch.Tensor, config: Config):  # type: ignore[no-untyped-def]
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="native"))
+    graph = compiled.graph
+    (node,) = [n for n in graph.nodes if eligible(n, graph)]
+    return node, graph
+
+
+@pytest.mark.parametrize(("native_us", "cl_us", "expected"), [(30.0, 10.0, "channels_last"), (30.0, 28.0, "native"),
+                                                               (10.0, 30.0, "native")])
+def test_auto_keeps_channels_last_only_when_faster_by_the_margin(config, tmp_path, native_us, cl_us,
+                                                                 expected) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(3)
+    model = torch.nn.Conv2d(4, 3, 5, padding=2).eval()
+    node, graph = _conv_node(model, torch.randn(1, 4, 8, 8), config)
+    cfg = config.replace(conv_layout="auto", autotune=True, cache_dir=tmp_path)
+    calls: list[str] = []
+
+    def timer(fn):  # type: ignore[no-untyped-def]
+        layout = "native" if len(calls) % 2 == 0 else "channels_last"
+        calls.append(layout)
+        assert fn().shape == tuple(node.shape)  # each variant runs and gives the node's shape
+        return native_us if layout == "native" else cl_us
+
+    choice = measure_layout(node, graph, cfg, torch.device("cpu"), timer)
+    assert (choice.layout, choice.native_us, choice.channels_last_us) == (expected, native_us, cl_us)
+    assert calls == ["native", "channels_last"]
+    again = measure_layout(node, graph, cfg, torch.device("cpu"), timer)  # from the cache: not timed again
+    assert again == choice and len(calls) == 2
+    # choose_layout measures only on CUDA
+    assert choose_layout(node, graph, cfg, torch.device("cpu"), timer).layout == "native"
+
+
+def test_config_rejects_a_bad_conv_layout() -> None:
+    with pytest.raises(ValueError, match="conv_layout must be"):
+        Config(conv_layout="nhwc")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="conv_layout_margin"):
+        Config(conv_layout_margin=1.5)
+
+
+@pytest.mark.gpu
+def test_auto_layout_on_the_gpu_matches_eager_in_graphs_and_streams(config) -> None:  # type: ignore[no-untyped-def]
+    """The c64 56x56 block (its 5x5 convolution is the case channels_last won on the H200): every
+    convolution measured both ways, and the compiled block equal to eager on 20 fresh inputs, in a
+    CUDA graph on 4 streams."""
+    torch.manual_seed(4)
+    block = bn_block(64, torch.device("cuda"))
+    x = torch.randn(1, 64, 56, 56, device="cuda")
+    compiled = streamfuse.compile(block, (x,), config.replace(conv_layout="auto", autotune=True))
+    choices = compiled.base.conv_layouts
+    assert len(choices) == 4 and all(c.reason == "measured" and c.native_us and c.channels_last_us
+                                     for c in choices.values())
+    assert len(conv_steps(compiled)) == sum(c.layout == "channels_last" for c in choices.values())
+    with torch.no_grad():
+        for _ in range(20):
+            x = torch.randn(1, 64, 56, 56, device="cuda")
+            # cuDNN's convolutions run in TF32 by default, and the two layouts take different engines
+            torch.testing.assert_close(compiled(x), block(x), rtol=1e-2, atol=1e-2)
+    assert compiled.stats["graphs"] == 1 and compiled.stats["streams"] == 4
