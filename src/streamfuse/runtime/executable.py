@@ -74,7 +74,16 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     # 3. streams and events for the launches (a pure function; planned on every device); on the GPU
     #    the matmul template's tile is tuned (or read from the tuning cache), a kernel that runs
     #    beside others timed beside copies of itself (Config.autotune_concurrency)
-    schedule = schedule_steps(plan, config)
+    #    A convolution's layout is chosen first (measured under Config.conv_layout="auto" on CUDA):
+    #    its measured time replaces the cost model's estimate in the critical path
+    conv_layouts = {g.name: choose_layout(g.nodes[0], graph, config, device)
+                    for g in plan.groups if len(g.nodes) == 1 and eligible(g.nodes[0], graph)}
+    measured: dict[int, float] = {}
+    for g in plan.groups:
+        us = conv_layouts[g.name].measured_us if g.name in conv_layouts else None
+        if us is not None:
+            measured[g.id] = us
+    schedule = schedule_steps(plan, config, measured)
     if on_gpu and config.autotune:
         from streamfuse.tune.autotune import tune_matmul
 
@@ -84,13 +93,12 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
                 sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device,
                                                concurrency=k)
     # 4. one step per group; generated kernels are compiled (cached by content hash) when used; a
-    #    convolution runs in the layout Config.conv_layout picks (measured under "auto" on CUDA)
+    #    convolution runs in the layout chosen above
     slot = {n: i for i, n in enumerate(graph.nodes)}
     steps: list[Step] = []
-    conv_layouts: dict[str, ConvLayoutChoice] = {}
     for g in plan.groups:
-        if len(g.nodes) == 1 and eligible(g.nodes[0], graph):
-            conv_layouts[g.name] = choice = choose_layout(g.nodes[0], graph, config, device)
+        choice = conv_layouts.get(g.name)
+        if choice is not None:
             if choice.layout == "channels_last":
                 w = g.nodes[0].args[1]
                 steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None))

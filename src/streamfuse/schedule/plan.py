@@ -47,7 +47,10 @@ class StreamSchedule:
         return sum(len(w) for w in self.waits.values()) + len(self.fork) + len(self.join)
 
 
-def schedule_steps(plan: Plan, config: Config) -> StreamSchedule:
+def schedule_steps(plan: Plan, config: Config, measured_us: dict[int, float] | None = None) -> StreamSchedule:
+    """Streams, events and issue order for the plan's launches. `measured_us` (by group id) replaces
+    the cost model's estimate where a kernel was timed on the device (a convolution's layout)."""
+    measured_us = measured_us or {}
     groups = plan.groups
     index = {g.id: i for i, g in enumerate(groups)}
     launching = [g for g in groups if g.kind is not GroupKind.ALIAS]
@@ -58,7 +61,8 @@ def schedule_steps(plan: Plan, config: Config) -> StreamSchedule:
     for g in launching:
         for p in preds[g.id]:
             dag.add_edge(p, g.id)
-    splan = assign_streams(dag, config.max_streams, {g.id: estimate_us(g) for g in launching})
+    cost = {g.id: measured_us.get(g.id, estimate_us(g)) for g in launching}
+    splan = assign_streams(dag, config.max_streams, cost)
     stream_of = {index[gid]: s for gid, s in splan.stream_of.items()}
     waits: dict[int, list[int]] = {}
     record: set[int] = set()

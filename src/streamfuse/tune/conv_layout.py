@@ -42,6 +42,11 @@ class ConvLayoutChoice:
     channels_last_us: float | None = None
     reason: str = ""
 
+    @property
+    def measured_us(self) -> float | None:
+        """Measured µs of the convolution in the chosen layout (None: not measured)."""
+        return self.channels_last_us if self.layout == "channels_last" else self.native_us
+
 
 def eligible(node: Node, graph: Graph) -> bool:
     """A 2-D convolution whose input and output are contiguous NCHW and whose weight is a constant."""
