@@ -73,7 +73,7 @@ def choose_layout(node: Node, graph: Graph, config: Config, device: torch.device
     if config.conv_layout == "channels_last":
         return ConvLayoutChoice("channels_last", reason="Config.conv_layout")
     if device.type != "cuda" or not config.autotune:
-        return ConvLayoutChoice("native", reason="not measured (needs CUDA and Config.autotune)")
+        return ConvLayoutChoice("native", reason="not measured: needs CUDA and Config.autotune")
     return measure_layout(node, graph, config, device, timer)
 
 
