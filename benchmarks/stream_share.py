@@ -57,6 +57,7 @@ def main() -> int:
     pairs = [(m, (x,)) for m, x in zip(models, xs, strict=True)]
     print(f"{'tune x':>6} {'prio':>4} {'pdl':>4} {'max split':>9} {'1-stream plan':>13} {'4 streams µs':>13} {'ratio median':>13} "
           f"{'range':>12} {'splits chosen':>16}   same kernels on 1 stream: µs, ratio median (range)")
+    timelines: list[tuple[str, torch.cuda.CUDAGraph, streamfuse.ParallelModels]] = []
     with torch.no_grad():
         for tc, prio, pdl, split in [(t, r, p, s) for t in args.tune_concurrency for r in args.priorities
                                      for p in args.pdl for s in args.splits]:
@@ -77,8 +78,8 @@ def main() -> int:
                   f"{statistics.median(ratios):12.2f}x {min(ratios):5.2f}-{max(ratios):.2f}x {chosen!s:>16}   "
                   f"{statistics.median(ts):.1f}, {statistics.median(same_ratios):.2f}x "
                   f"({min(same_ratios):.2f}-{max(same_ratios):.2f})")
-            if args.timeline:
-                print("      one 4-stream call: " + per_stream(one_call(g4.replay)))
+            timelines.append((f"{tc} {prio} {pdl} {split}", g4, four))
+        conv: dict[int, tuple[streamfuse.CompiledGraph, torch.cuda.CUDAGraph, float]] = {}
         if args.timeline:  # the multi-branch conv block of streams_graphs.py, c64 at 56x56
             from streamfuse.demo_models import MultiBranchConv
 
@@ -88,9 +89,14 @@ def main() -> int:
                 c = streamfuse.compile(block, (x,), Config(cache_dir=Path(args.out) / "cache", max_streams=streams))
                 c(x)
                 (g,) = c.recorded_graphs().values()
-                ivs = one_call(g.replay)
-                print(f"conv c64, {streams} stream(s), {time_cuda_us(g.replay):.1f} µs: "
-                      + "; ".join(f"s{i.stream} {i.name[:14]} {i.start_us:.1f}+{i.duration_us:.1f}" for i in ivs))
+                conv[streams] = (c, g, time_cuda_us(g.replay))
+        # the timelines after every timing: once torch.profiler has run, four-stream graphs run
+        # slower in this process (PERF.md session 10)
+        for label, g4, _ in timelines if args.timeline else []:
+            print(f"      one 4-stream call ({label}): " + per_stream(one_call(g4.replay)))
+        for streams, (_, g, us) in conv.items():
+            print(f"conv c64, {streams} stream(s), {us:.1f} µs: " + "; ".join(
+                f"s{i.stream} {i.name[:14]} {i.start_us:.1f}+{i.duration_us:.1f}" for i in one_call(g.replay)))
     return 0
 
 

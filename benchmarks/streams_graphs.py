@@ -10,7 +10,9 @@
 4. the demo models: eager vs streamfuse.
 Gap ratio = GPU idle between kernels / GPU busy (torch.profiler): "in call" is the median over 10
 calls synchronized one at a time (the idle time inside a call), "back to back" over 20 calls issued
-without synchronization (it includes the idle time between calls). Config.pdl (programmatic
+without synchronization (it includes the idle time between calls). Every time is taken before the
+first torch.profiler session of the process, the gap ratios after all of them: once CUPTI has been
+attached, four-stream graphs run slower and bimodal (benchmarks/graph_instances.py --profiler). Config.pdl (programmatic
 dependent launch) is on by default; the MLP and conv rows are also measured with it off.
 """
 
@@ -54,17 +56,26 @@ def eager_graph_streams(fns: list[Callable[[], Any]]) -> Callable[[], Any]:
 
 
 def measure(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], kernels: int | None = None) -> dict:
-    call = time_cuda_us(fn, warmup=20, reps=200)
-    timeline = record_timeline(fn, calls=20)
-    one_by_one = record_timeline(fn, calls=10, sync_each=True)
-    try:
-        in_call = call_gap_ratio(one_by_one, 10)
-    except ValueError:  # a call launched a varying number of GPU ops (not a graph replay)
-        in_call = float("nan")
-    row = {"mode": label, "call_us": call, "gap_ratio": gap_ratio(timeline), "call_gap_ratio": in_call,
-           "streams_seen": streams_used(timeline), "gpu_ops_per_call": len(timeline) / 20, "kernels": kernels}
+    """The call's time now; its gap ratios later (add_gap_ratios), once every time is taken: after a
+    torch.profiler session the same four-stream graphs run slower and bimodal in this process
+    (benchmarks/graph_instances.py --profiler, PERF.md session 10)."""
+    row = {"mode": label, "call_us": time_cuda_us(fn, warmup=20, reps=200), "kernels": kernels, "_fn": fn}
     rows.append(row)
     return row
+
+
+def add_gap_ratios(rows: list[dict[str, Any]]) -> None:
+    """Gap ratios (torch.profiler timelines) of each measured row, after all timing is done."""
+    for row in rows:
+        fn = row.pop("_fn")
+        timeline = record_timeline(fn, calls=20)
+        one_by_one = record_timeline(fn, calls=10, sync_each=True)
+        try:
+            in_call = call_gap_ratio(one_by_one, 10)
+        except ValueError:  # a call launched a varying number of GPU ops (not a graph replay)
+            in_call = float("nan")
+        row.update({"gap_ratio": gap_ratio(timeline), "call_gap_ratio": in_call, "streams_seen": streams_used(timeline),
+                    "gpu_ops_per_call": len(timeline) / 20})
 
 
 def call_timeline(label: str, fn: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -94,6 +105,7 @@ def main() -> int:
     print(f"card: {card}; torch {torch.__version__}")
     config = Config(cache_dir=out_dir / "cache")
     results: dict[str, Any] = {"card": card}
+    alive: list[Any] = []  # what the rows' graphs read, kept until their gap ratios are taken
 
     with torch.no_grad():
         # 1. four MLPs at batch 1
@@ -155,13 +167,12 @@ def main() -> int:
             p4 = streamfuse.parallel([(m, (x,)) for m, x in zip(ms, ins, strict=True)], config)
             p1 = streamfuse.parallel([(m, (x,)) for m, x in zip(ms, ins, strict=True)], config.replace(max_streams=1))
             p4(*ins), p1(*ins)
+            alive.extend([p4, p1, ms, ins])
             tag = f"4 MLPs d={dd} {str(dtype).removeprefix('torch.')}"
             a = measure(f"{tag}: 1 stream graph replay", replay_of(p1.compiled), rows)
             b = measure(f"{tag}: 4 streams graph replay", replay_of(p4.compiled), rows)
             results[f"mlp sweep {tag}"] = a["call_us"] / b["call_us"]
             results[f"paired {tag}"] = paired_ratio(replay_of(p1.compiled), replay_of(p4.compiled))
-        results["timeline 4 MLPs 1 stream"] = call_timeline("4 MLPs, 1 stream", replay_of(par1.compiled))
-        results["timeline 4 MLPs 4 streams"] = call_timeline("4 MLPs, 4 streams", replay_of(par4.compiled))
         results["mlps"] = {"rows": rows, "speedup_4_vs_1_call": r1["call_us"] / r4["call_us"],
                            "speedup_4_vs_1_replay": g1["call_us"] / g4["call_us"],
                            "paired_4_vs_1_replay": paired_ratio(replay_of(par1.compiled), replay_of(par4.compiled)),
@@ -174,6 +185,7 @@ def main() -> int:
             x = torch.randn(1, channels, size, size, device="cuda")
             c4 = streamfuse.compile(block, (x,), config)
             c1 = streamfuse.compile(block, (x,), config.replace(max_streams=1))
+            alive.extend([c4, c1, block, x])
             # cuDNN runs float32 convolutions in TF32, each layout through its own engine (conv_layout)
             torch.testing.assert_close(c4(x), block(x), rtol=1e-2, atol=1e-2)
             tag = f"conv block c{channels} {size}x{size}"
@@ -190,6 +202,7 @@ def main() -> int:
                                    ("convolutions as recorded (NCHW)", config.replace(conv_layout="native"))):
                 p4 = streamfuse.compile(block, (x,), variant)
                 p1 = streamfuse.compile(block, (x,), variant.replace(max_streams=1))
+                alive.extend([p4, p1])
                 torch.testing.assert_close(p4(x), block(x), rtol=1e-2, atol=1e-2)
                 p1(x)
                 measure(f"{tag}: {label}, 1 stream: graph replay", replay_of(p1), rows)
@@ -198,11 +211,6 @@ def main() -> int:
             results[f"conv layouts {tag}"] = {k: (v.layout, v.native_us, v.channels_last_us)
                                               for k, v in c4.base.conv_layouts.items()}
         results["conv"] = rows
-
-        # 3. host time per call, again after the profiler sessions above (torch.profiler leaves CUPTI
-        #    hooks on every later launch: PERF.md session 10)
-        results["host_us_single_input_mlp_after_profiler"] = host_us_per_call(lambda: single(xs[0]))
-        results["host_components_after_profiler_us"] = {"graph replay": host_us_per_call(replay_of(single))}
 
         # 4. demo models
         demo = []
@@ -213,6 +221,14 @@ def main() -> int:
                          "streamfuse_us": time_cuda_us(lambda: compiled(*inputs)),
                          "streams": compiled.stats["streams"], "kernels": compiled.stats["kernels"]})
         results["demo"] = demo
+
+        # 5. everything that needs torch.profiler, after all timing: gap ratios, one-call timelines,
+        #    and host time again (CUPTI stays attached to the process: PERF.md session 10)
+        add_gap_ratios(results["mlps"]["rows"] + results["conv"])
+        results["timeline 4 MLPs 1 stream"] = call_timeline("4 MLPs, 1 stream", replay_of(par1.compiled))
+        results["timeline 4 MLPs 4 streams"] = call_timeline("4 MLPs, 4 streams", replay_of(par4.compiled))
+        results["host_us_single_input_mlp_after_profiler"] = host_us_per_call(lambda: single(xs[0]))
+        results["host_components_after_profiler_us"] = {"graph replay": host_us_per_call(replay_of(single))}
 
     print()
     print(f"{'mode':52} {'call µs':>9} {'gap in call':>12} {'back to back':>13} {'streams':>8} {'GPU ops/call':>13}")
@@ -276,7 +292,7 @@ def same_kernels_one_stream(compiled: streamfuse.CompiledGraph, inputs: list[tor
     exe, keep = compiled.base, []
     statics = [x.clone() for x in inputs]
     graph, _ = capture_graph(lambda: exe.run(statics, keep_alive=keep, one_stream=True))
-    return graph.replay
+    return lambda g=graph, _buffers=(statics, keep): g.replay()  # the graph reads and writes the buffers
 
 
 def replay_of(compiled: streamfuse.CompiledGraph) -> Callable[[], Any]:
