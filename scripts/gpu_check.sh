@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
-#   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [bench] [tma]
+#   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
 #   (default: all, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
 #   `epilogue bench tma`)
 set -uo pipefail
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests epilogue streams host share bench tma)
+[ ${#steps[@]} -eq 0 ] && steps=(tests epilogue streams host share instances launch bench tma)
 step() {  # name, time limit in seconds, command...
   local name=$1 limit=$2; shift 2
   [[ " ${steps[*]} " == *" $name "* ]] || return 0
@@ -24,7 +24,9 @@ step tests 170 python3 -m pytest -q -n 16 -W ignore -p no:logging --tb=line test
 step epilogue 150 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
 step streams 220 python3 benchmarks/streams_graphs.py --out "$OUT/streams"
 step host 60 python3 benchmarks/host_overhead.py
-step share 120 python3 benchmarks/stream_share.py --out "$OUT/share"
+step share 150 python3 benchmarks/stream_share.py --splits 8 32 --pdl on alone off --out "$OUT/share"
+step instances 90 python3 benchmarks/graph_instances.py --instances 4 --rounds 4 --profiler --out "$OUT/instances"
+step launch 60 python3 benchmarks/launch_rate.py
 step bench 200 streamfuse bench --out "$OUT/bench"
 step tma 120 python3 benchmarks/tma_matmul.py --sizes 4096 512
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
@@ -36,6 +38,8 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/streams.txt" ] && grep -E "vs 1 stream|host time|demo|template|pdl|paired|graph replay|one call" "$OUT/streams.txt"
 [ -f "$OUT/share.txt" ] && tail -12 "$OUT/share.txt"
 [ -f "$OUT/host.txt" ] && head -16 "$OUT/host.txt"
+[ -f "$OUT/instances.txt" ] && grep -E "streams\)|median|---" "$OUT/instances.txt"
+[ -f "$OUT/launch.txt" ] && cat "$OUT/launch.txt"
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 exit 0
