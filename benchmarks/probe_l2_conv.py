@@ -7,9 +7,10 @@ l2: is the four-MLP graph's bimodal time (PERF.md session 9: ~23 vs 32-41 µs on
     H200's L2. Fresh model sets (new allocations) at d = 768 (27 MiB), 1024 (48) and 1448 (96),
     each timed warm (back-to-back replays) and cold (L2 overwritten before every replay, events
     around the replay alone), 4 streams and the same kernels on one stream.
-conv: what the c64 56x56 multi-branch block's convolutions cost with cuDNN's heuristic algorithm
-    vs its benchmarked one (torch.backends.cudnn.benchmark), alone (eager) and as the
-    streamfuse graph on 1 and 4 streams.
+conv: the c64 56x56 multi-branch block as the streamfuse graph on 1 and 4 streams, with cuDNN's
+    heuristic algorithms and with its benchmarked ones (torch.backends.cudnn.benchmark).
+layout: each of its convolutions alone in a CUDA graph, NCHW vs channels_last (GPU time; run 30's
+    eager per-convolution rows were host-bound and are no longer printed).
 """
 
 from __future__ import annotations
@@ -69,22 +70,11 @@ def conv(out: Path) -> None:
     torch.manual_seed(0)
     block = MultiBranchConv(64).eval().cuda()
     x = torch.randn(1, 64, 56, 56, device="cuda")
-    convs = {"1x1": block.b1[0], "3x3": block.b2[0], "5x5": block.b3[0]}
     for bench in (False, True):
         torch.backends.cudnn.benchmark = bench
-        for layout in (torch.contiguous_format, torch.channels_last):
-            xi = x.contiguous(memory_format=layout)
-            cells = []
-            for name, c in convs.items():
-                ci = torch.nn.Conv2d(c.in_channels, c.out_channels, c.kernel_size, padding=c.padding).cuda()
-                ci = ci.to(memory_format=layout)
-                cells.append(f"{name} {time_cuda_us(lambda ci=ci, xi=xi: ci(xi), warmup=20, reps=200):6.1f}")
-            lay = "channels_last" if layout is torch.channels_last else "NCHW"
-            print(f"eager conv, cudnn.benchmark={bench!s:5} {lay:13}: " + "  ".join(cells) + " µs")
-    for bench in (False, True):
-        torch.backends.cudnn.benchmark = bench
-        c4 = streamfuse.compile(block, (x,), Config(cache_dir=out / "cache"))
-        c1 = streamfuse.compile(block, (x,), Config(cache_dir=out / "cache", max_streams=1))
+        native = Config(cache_dir=out / "cache", conv_layout="native")  # cuDNN's own choice, as in run 30
+        c4 = streamfuse.compile(block, (x,), native)
+        c1 = streamfuse.compile(block, (x,), native.replace(max_streams=1))
         for c in (c4, c1):
             torch.testing.assert_close(c(x), block(x), rtol=2e-3, atol=2e-3)
         g4, g1 = replay_of(c4), replay_of(c1)

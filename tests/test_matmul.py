@@ -133,14 +133,18 @@ def test_broadcasting_the_product_is_refused(config, device) -> None:  # type: i
     assert any("matmul" in r.reason for r in compiled.plan.refusals)
 
 
+def _gelu_linear_group(config, rows: int):  # type: ignore[no-untyped-def]
+    """The planned matmul group of gelu(Linear 4096->4096, bf16) at `rows` rows (planned, not run)."""
+    lin = torch.nn.Linear(4096, 4096).to(torch.bfloat16)
+    compiled = __import__("streamfuse").compile(lambda x: F.gelu(lin(x)), (randn(rows, 4096, dtype=torch.bfloat16),),
+                                                _triton(config).replace(executor="reference"))
+    return next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
+
+
 def test_template_tiles_and_candidates_respect_shared_memory(config) -> None:  # type: ignore[no-untyped-def]
     from streamfuse.codegen.matmul import candidate_tiles, heuristic_tile
 
-    lin = torch.nn.Linear(4096, 4096).to(torch.bfloat16)
-    compiled = __import__("streamfuse").compile(lambda x: F.gelu(lin(x)),
-                                                (randn(512, 4096, dtype=torch.bfloat16),),
-                                                _triton(config).replace(executor="reference"))
-    group = next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
+    group = _gelu_linear_group(config, rows=512)
     tiles = candidate_tiles(group, config)
     assert len(tiles) >= 8 and len(set(tiles)) == len(tiles)
     assert all(t.shared_bytes(2) <= config.matmul_max_shared_bytes for t in tiles)
@@ -261,11 +265,7 @@ def test_candidates_include_split_k_for_skinny_products(config) -> None:  # type
     from streamfuse.codegen.matmul import candidate_tiles, heuristic_tile
     from streamfuse.fusion.geometry import fill_split
 
-    lin = torch.nn.Linear(4096, 4096).to(torch.bfloat16)
-    compiled = __import__("streamfuse").compile(lambda x: F.gelu(lin(x)),
-                                                (randn(8, 4096, dtype=torch.bfloat16),),
-                                                _triton(config).replace(executor="reference"))
-    group = next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
+    group = _gelu_linear_group(config, rows=8)
     tiles = candidate_tiles(group, config, sm_count=132)
     assert {t.split_k for t in tiles} >= {1, 2, 4}
     for t in tiles:  # no split leaves a slice without K steps

@@ -68,14 +68,18 @@ class NodeStep:
 
     def run(self, env: Env) -> None:
         for c in self.calls:
-            if c.nested:
-                args = resolve(c.node.args, env, self.slot)
-                kwargs = {k: resolve(v, env, self.slot) for k, v in c.node.kwargs.items()}
-            else:
-                args, kwargs = c.args.copy(), c.kwargs
-                for i, s in c.patches:
-                    args[i] = env[s]
+            args, kwargs = self.arguments(c, env)
             env[c.out] = c.target(*args, **kwargs)
+
+    def arguments(self, c: _Call, env: Env) -> tuple[list[Any], dict[str, Any]]:
+        """`c`'s positional and keyword arguments, with this call's tensors in place."""
+        if c.nested:
+            return list(resolve(c.node.args, env, self.slot)), {k: resolve(v, env, self.slot)
+                                                                 for k, v in c.node.kwargs.items()}
+        args = c.args.copy()
+        for i, s in c.patches:
+            args[i] = env[s]
+        return args, c.kwargs
 
 
 class ChannelsLastConvStep(NodeStep):
@@ -91,12 +95,10 @@ class ChannelsLastConvStep(NodeStep):
 
     def run(self, env: Env) -> None:
         c = self.call
-        args = c.args.copy()
-        for i, s in c.patches:
-            args[i] = env[s]
+        args, kwargs = self.arguments(c, env)
         args[0] = args[0].contiguous(memory_format=torch.channels_last)
         args[1] = self.weight if self.weight is not None else args[1].contiguous(memory_format=torch.channels_last)
-        env[c.out] = c.target(*args, **c.kwargs).contiguous()
+        env[c.out] = c.target(*args, **kwargs).contiguous()
 
 
 class HoistedStep:
