@@ -199,6 +199,9 @@ def main() -> int:
             results[f"speedup {tag}"] = (a["call_us"] / b["call_us"], ga["call_us"] / gb["call_us"])
             results[f"paired {tag}"] = paired_ratio(replay_of(c1), replay_of(c4))
             for label, variant in (("pdl off", config.replace(pdl=False)),
+                                   ("no pdl after convolutions", config.replace(pdl_after_convolutions=False)),
+                                   ("channels_last results converted back",
+                                    config.replace(conv_keep_channels_last=False)),
                                    ("convolutions as recorded (NCHW)", config.replace(conv_layout="native"))):
                 p4 = streamfuse.compile(block, (x,), variant)
                 p1 = streamfuse.compile(block, (x,), variant.replace(max_streams=1))
@@ -227,6 +230,8 @@ def main() -> int:
         add_gap_ratios(results["mlps"]["rows"] + results["conv"])
         results["timeline 4 MLPs 1 stream"] = call_timeline("4 MLPs, 1 stream", replay_of(par1.compiled))
         results["timeline 4 MLPs 4 streams"] = call_timeline("4 MLPs, 4 streams", replay_of(par4.compiled))
+        results["timeline conv c64 4 streams"] = call_timeline("conv block c64 56x56, 4 streams", replay_of(c4))
+        results["timeline conv c64 1 stream"] = call_timeline("conv block c64 56x56, 1 stream", replay_of(c1))
         results["host_us_single_input_mlp_after_profiler"] = host_us_per_call(lambda: single(xs[0]))
         results["host_components_after_profiler_us"] = {"graph replay": host_us_per_call(replay_of(single))}
 

@@ -22,7 +22,7 @@ step() {  # name, time limit in seconds, command...
 }
 step tests 170 python3 -m pytest -q -n 16 -W ignore -p no:logging --tb=line tests
 step epilogue 150 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
-step streams 220 python3 benchmarks/streams_graphs.py --out "$OUT/streams"
+step streams 320 python3 benchmarks/streams_graphs.py --out "$OUT/streams"
 step host 60 python3 benchmarks/host_overhead.py
 step share 150 python3 benchmarks/stream_share.py --splits 8 32 --pdl on alone off --out "$OUT/share"
 step instances 90 python3 benchmarks/graph_instances.py --instances 4 --rounds 4 --profiler --out "$OUT/instances"

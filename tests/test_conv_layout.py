@@ -47,6 +47,32 @@ def test_channels_last_block_matches_eager_on_fresh_inputs(config, device) -> No
     assert len(lines) == 4
 
 
+def test_a_channels_last_result_read_only_by_generated_kernels_is_not_converted_back(config, device) -> None:  # type: ignore[no-untyped-def]
+    """The block's four convolutions feed the fused tail kernel (bias, ReLU, cat, residual, mean),
+    which takes strides at launch: it reads their channels_last results as they are."""
+    torch.manual_seed(5)
+    block = bn_block(32, device)
+    x = torch.randn(2, 32, 9, 9, device=device)
+    compiled = streamfuse.compile(block, (x,), config.replace(conv_layout="channels_last"))
+    steps = conv_steps(compiled)
+    assert len(steps) == 4 and not any(s.convert_back for s in steps)
+    assert compiled.explain().count("take the channels_last result as it is") == 4
+    converting = streamfuse.compile(block, (x,), config.replace(conv_layout="channels_last",
+                                                                conv_keep_channels_last=False))
+    assert all(s.convert_back for s in conv_steps(converting))
+    with torch.no_grad():
+        for seed in range(3):
+            x = torch.randn(2, 32, 9, 9, device=device) * (seed + 1)
+            torch.testing.assert_close(compiled(x), block(x), rtol=tol(device), atol=tol(device))
+            torch.testing.assert_close(converting(x), block(x), rtol=tol(device), atol=tol(device))
+    # a convolution whose result is the model's output (or read by ATen) is converted back
+    conv = torch.nn.Conv2d(4, 6, 3, padding=1).eval().to(device)
+    x = torch.randn(1, 4, 7, 7, device=device)
+    alone = streamfuse.compile(conv, (x,), config.replace(conv_layout="channels_last"))
+    (step,) = conv_steps(alone)
+    assert step.convert_back and alone(x).is_contiguous()
+
+
 def test_channels_last_conv_reads_a_live_weight_on_every_call(config, device) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Conv2d(8, 6, 3, padding=1), torch.nn.ReLU()).eval().to(device)

@@ -180,3 +180,21 @@ def test_pdl_graph_replays_on_streams_match_eager_and_the_plain_launches(config)
         for rep in range(10):
             x = randn(4, 256, device="cuda", seed=50 + rep)
             torch.testing.assert_close(batch(x), models[0](x), rtol=1e-4, atol=1e-4)
+
+
+def test_pdl_launch_after_a_convolution_only_when_configured(config) -> None:  # type: ignore[no-untyped-def]
+    """The conv block's fused tail follows a cuDNN convolution on its stream: launched with PDL
+    under pdl_after_convolutions (it starts as the convolution's programs exit), plainly without."""
+    from streamfuse.demo_models import conv_block
+    from streamfuse.runtime.executable import is_convolution_step
+
+    block, inputs = conv_block(torch.device("cpu"))
+    exe = streamfuse.compile(block, inputs, config.replace(conv_layout="native", max_streams=1)).base
+    (tail,) = [s for s in exe.steps if isinstance(s, KernelStep)]
+    tail.source = dataclasses.replace(tail.source, pdl=True)
+    before = exe.steps[exe.steps.index(tail) - 1]
+    assert is_convolution_step(before)
+    mark_pdl_launches(exe.steps, exe.schedule, after_convolutions=True)
+    assert tail.pdl
+    mark_pdl_launches(exe.steps, exe.schedule, after_convolutions=False)
+    assert not tail.pdl

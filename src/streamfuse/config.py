@@ -96,6 +96,10 @@ class Config:
     """Also launch with programmatic dependent launch a kernel that the stream plan runs beside
     kernels of other streams (schedule concurrency > 1). Such a kernel's programs are resident, and
     hold SM slots, from the moment the kernel before it starts."""
+    pdl_after_convolutions: bool = True
+    """Also launch with programmatic dependent launch a generated kernel whose predecessor on its
+    stream is a convolution run through ATen (cuDNN): it starts when the convolution's programs
+    exit, instead of after the convolution completes."""
     autotune: bool = True
     """On CUDA, time the matmul template's candidate tile configurations once per shape and dtype and
     keep the fastest (cached on disk in cache_dir); otherwise a heuristic tile is used."""
@@ -111,6 +115,10 @@ class Config:
     H200); "native": as recorded; "channels_last": always (any device)."""
     conv_layout_margin: float = 0.1
     """Fraction by which channels_last must beat NCHW for "auto" to pick it (timing noise)."""
+    conv_keep_channels_last: bool = True
+    """A convolution run in channels_last hands its result on in channels_last when only generated
+    kernels read it (they take strides at launch): no conversion back to NCHW, one kernel fewer on
+    its path. False always converts back."""
     autotune_budget_s: float = 60.0
     """Upper bound on tuning time per kernel; the candidates not reached are skipped."""
     # --- scheduling (schedule/) --------------------------------------------------------

@@ -8,19 +8,30 @@ values at the broadcast index, a reduction reduces its input's row tile. Values 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass, field
 
 import torch
 
-from streamfuse.codegen.pointwise_ops import Operand, emit_pointwise
+from streamfuse.codegen.pointwise_ops import Operand, cast, emit_pointwise
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
 from streamfuse.fusion.geometry import pointwise_launch, reduction_launch
 from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import ZERO, Expr, Index, broadcast_index, delinearize, linearize, view_input_index
+from streamfuse.ir.indexing import (
+    ZERO,
+    Expr,
+    Index,
+    broadcast_index,
+    concat_parts,
+    delinearize,
+    linearize,
+    view_input_index,
+)
 from streamfuse.ir.ops import OpKind, packet_name
 from streamfuse.ir.rng import OP as RAND_OP
 from streamfuse.ir.rng import rand_node_args
@@ -222,6 +233,10 @@ class Emitter:
         """Values computed outside value()'s rules (the matmul template's product), at every index."""
         self.scratch_params: list[str] = []
         """Pointer parameters of the kernel's scratch buffers (KernelSource.scratch), after rng's."""
+        self.guard: tuple[str, frozenset[str]] | None = None
+        """While a cat's input is computed: the condition (and its index variables) under which the
+        lanes read that input. Loads whose address moves with those variables are masked by it, so
+        lanes that belong to another input never touch memory outside this one."""
 
     def hoist(self, index: Index, prefix: str) -> Index:
         """Bind each non-trivial coordinate to a named variable, for readable loads."""
@@ -262,11 +277,13 @@ class Emitter:
             return self.fixed[node]
         if node.kind is OpKind.REDUCTION and node in self.members:
             return self.reduction(node)
-        key = (node, tuple(e.text for e in index))
+        key = (node, tuple(e.text for e in index), self.guard[0] if self.guard else "")
         if key in self.cache:
             return self.cache[key]
         if node not in self.members:
             result = self.load(node, index)
+        elif node.kind is OpKind.CONCAT:
+            result = self.concat(node, index)
         elif node.op == RAND_OP:
             _, base = rand_node_args(node)
             self.uses_rng = True
@@ -282,6 +299,40 @@ class Emitter:
         self.cache[key] = result
         return result
 
+    def concat(self, node: Node, index: Index) -> Operand:
+        """torch.cat: each input's value at the index shifted by its offset along the cat dim, computed
+        under a guard (masked loads), then selected by where the index falls."""
+        tensors, dim = concat_parts(node)
+        assert node.dtype is not None
+        wide = compute_dtype(node.dtype)
+        offsets = list(itertools.accumulate((t.shape[dim] for t in tensors), initial=0))
+        coord = index[dim]
+
+        def part(k: int) -> Operand:
+            shifted = index[:dim] + (coord + (-offsets[k]),) + index[dim + 1:]
+            return self.value(tensors[k], shifted)
+
+        if coord.text.isdigit():  # a fixed position along the cat dim: one input, no select
+            k = bisect.bisect_right(offsets, int(coord.text)) - 1
+            return Operand(cast(part(k), wide), wide)
+        values = []
+        outer = self.guard
+        for k in range(len(tensors)):
+            conds = ([f"({coord.text} >= {offsets[k]})"] if k > 0 else []) + \
+                    ([f"({coord.text} < {offsets[k + 1]})"] if k < len(tensors) - 1 else [])
+            guard = self.tmp(" & ".join(conds), torch.bool).text if conds else None
+            if guard is not None and outer is not None:
+                guard = self.tmp(f"{outer[0]} & {guard}", torch.bool).text
+            self.guard = (guard, coord.deps | (outer[1] if outer else frozenset())) if guard else outer
+            try:
+                values.append(cast(part(k), wide))
+            finally:
+                self.guard = outer
+        text = values[-1]
+        for k in range(len(tensors) - 2, -1, -1):
+            text = f"tl.where({coord.text} < {offsets[k + 1]}, {values[k]}, {text})"
+        return self.tmp(text, wide)
+
     def store(self, ptr: str, value: str, mask: str | None) -> None:
         masked = "" if mask is None else f", mask={mask}"
         self.lines.append(f"tl.store({ptr}, {value}{masked})")
@@ -294,6 +345,8 @@ class Emitter:
                 offset = offset + e * Expr(f"in{slot}_s{d}")
                 deps |= e.deps
         mask = self.mask_for(deps)
+        if self.guard is not None and deps & self.guard[1]:
+            mask = self.guard[0] if mask is None else f"{mask} & {self.guard[0]}"
         ptr = f"in{slot}_ptr" if offset.is_zero else f"in{slot}_ptr + {offset.text}"
         text = f"tl.load({ptr})" if mask is None else f"tl.load({ptr}, mask={mask}, other=0)"
         assert node.dtype is not None
@@ -308,7 +361,11 @@ class Emitter:
         src = node.args[0]
         assert isinstance(src, Node) and node.dtype is not None and self.domain is not None
         acc = compute_dtype(node.dtype)
-        loaded = self.value(src, self.full_index)
+        outer, self.guard = self.guard, None  # a reduction reads whole rows, whoever asks for it first
+        try:
+            loaded = self.value(src, self.full_index)
+        finally:
+            self.guard = outer
         x = loaded.text if loaded.dtype == acc else f"{loaded.text}.to({TL_DTYPE[acc]})"
         r = self.domain.row_size
         name = packet_name(node.op)

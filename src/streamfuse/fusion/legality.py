@@ -3,11 +3,13 @@
 Correctness rules only; what is *profitable* is the planner's business (ARCHITECTURE.md keeps
 legality apart from heuristics). The rules, for v1:
 
-- every member is pointwise, broadcast, view or reduction, in a supported dtype;
+- every member is pointwise, broadcast, view, cat or reduction, in a supported dtype;
 - without a reduction, every value leaving the kernel has one shape (the iteration shape);
 - with reductions, all reduce the same dims of the same shape (one rows x columns domain); a
   value computed from a reduced value is either a full row tile (the domain's shape) or one
   value per row (keepdim or squeezed shape), so that each program owns whole rows;
+- a cat reads each input at its offset along the cat dim, so it joins values computed at any
+  index, but not values derived from a reduction in the same kernel;
 - views and expands are never written out by a kernel: they stay zero-copy aliases;
 - with a contraction (mm / addmm, when the cost model picked the Triton template): one per kernel,
   its operands read from outside (no prologue), and every value derived from it has the [M, N]
@@ -25,7 +27,7 @@ import torch
 from streamfuse.config import Config
 from streamfuse.fusion.groups import GroupKind, ReductionDomain
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import squeeze_equal
+from streamfuse.ir.indexing import concat_parts, squeeze_equal
 from streamfuse.ir.ops import OpKind, packet_name
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -73,6 +75,10 @@ def node_refusal(node: Node, config: Config) -> str | None:
     for a in node.input_nodes():
         if a.dtype not in KERNEL_DTYPES:
             return f"input %{a.name} has dtype {a.dtype}, which is not generated"
+    if node.kind is OpKind.CONCAT:
+        tensors, _ = concat_parts(node)
+        if not all(isinstance(t, Node) and len(t.shape) == len(node.shape) and t.numel > 0 for t in tensors):
+            return "cat with an empty or lower-rank input runs through ATen"
     if node.kind is OpKind.REDUCTION:
         if node.op not in GENERATED_REDUCTIONS:
             return f"reduction overload {node.op} is not generated"
@@ -144,6 +150,8 @@ def _check_reduction_levels(nodes: list[Node], members: set[Node], outputs: Iter
         deps = [a for a in n.input_nodes() if a in members and a in level]
         if not deps:
             continue  # computed from loads alone: a pure function of its index, valid anywhere
+        if n.kind is OpKind.CONCAT:
+            return f"cat %{n.name} joins values derived from a reduction (rows would move between programs)"
         if n.shape == full:
             level[n] = "full"
         elif n.shape in per_row:
@@ -215,6 +223,8 @@ def _check_matmul(nodes: list[Node], members: set[Node], inputs: tuple[Node, ...
     if inside:
         return (f"%{mm.name} reads %{inside[0].name}, computed in the same kernel: prologue fusion into the "
                 "matmul template is not generated")
+    if any(n.kind is OpKind.CONCAT for n in nodes):
+        return "a cat in a matmul epilogue is not generated"
     if any(n.kind is OpKind.REDUCTION for n in nodes):
         return "a reduction in a matmul epilogue is not generated (the tile holds only part of a row)"
     n_cols = mm.shape[-1]

@@ -179,6 +179,13 @@ def view_input_index(node: Node, index: Index) -> Index:
     raise NotImplementedError(f"no index map for {node.op}")
 
 
+def concat_parts(node: Node) -> tuple[list[Node], int]:
+    """(tensors, non-negative dim) of a cat node."""
+    tensors = node.args[0] if node.args else node.kwargs["tensors"]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return list(tensors), _norm_dim(dim, len(node.shape))
+
+
 def permutation(node: Node) -> list[int]:
     """Output dim k of a permute/transpose reads input dim perm[k]."""
     rank = len(node.shape)

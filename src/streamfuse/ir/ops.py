@@ -21,10 +21,13 @@ class OpKind(enum.Enum):
     CONTRACTION = "contraction"
     OPAQUE = "opaque"
     GETITEM = "getitem"
+    CONCAT = "concat"
+    """torch.cat: each output element is one input's element, picked by its index along `dim`
+    (generated as masked loads and a select, so producers and consumers fuse through it)."""
 
     @property
     def fusible(self) -> bool:
-        return self in (OpKind.POINTWISE, OpKind.BROADCAST, OpKind.VIEW, OpKind.REDUCTION)
+        return self in (OpKind.POINTWISE, OpKind.BROADCAST, OpKind.VIEW, OpKind.REDUCTION, OpKind.CONCAT)
 
 
 _POINTWISE = ["add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "silu", "sin", "cos", "floor", "ceil", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "pow", "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "logical_and", "logical_or", "_to_copy", "clone", "alias", "leaky_relu", "hardtanh", "scalar_tensor", "full"]
@@ -47,6 +50,7 @@ OP_KINDS: dict[str, OpKind] = {
     **{f"aten.{n}": OpKind.REDUCTION for n in _REDUCTION},
     **{f"aten.{n}": OpKind.CONTRACTION for n in _CONTRACTION},
     **{n: OpKind.VIEW for n in MULTI_VIEWS},
+    "aten.cat": OpKind.CONCAT,
     "streamfuse.philox_rand": OpKind.POINTWISE,  # counter-based: a pure function of its index (ir/rng.py)
 }
 

@@ -101,7 +101,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         if choice is not None:
             if choice.layout == "channels_last":
                 w = g.nodes[0].args[1]
-                steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None))
+                keep = config.conv_keep_channels_last and executor == "triton" and read_by_kernels_only(g.nodes[0], plan)
+                steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None,
+                                                  convert_back=not keep))
                 continue
         if g.kind.generated and executor == "triton":
             kernel = _load(sources[g.id], config)
@@ -113,7 +115,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     # 5. zero-copy views of weights are taken once, not on every call; programmatic dependent
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
-    mark_pdl_launches(steps, schedule, config.pdl_beside_others)
+    mark_pdl_launches(steps, schedule, config.pdl_beside_others, config.pdl_after_convolutions)
     exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
     exe.ceilings = ceilings
     exe.conv_layouts = conv_layouts
@@ -122,13 +124,17 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     return exe
 
 
-def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule, beside_others: bool = True) -> None:
+def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule, beside_others: bool = True,
+                      after_convolutions: bool = True) -> None:
     """A kernel compiled for programmatic dependent launch is launched with the attribute only where
-    the launch before it on its stream is one of ours: that kernel writes nothing the early reads
-    (constants) touch, and signals early. The first launch on a stream follows the caller's work
-    (which may be writing a weight in place) and is launched plainly; its wait is then a no-op.
-    Unless `beside_others`, a kernel the plan runs beside other streams' kernels (schedule
-    concurrency > 1) is launched plainly too: its early-resident programs would hold their SM slots."""
+    the launch before it on its stream is one of ours (that kernel writes nothing the early reads,
+    constants, touch, and signals early) or, with `after_convolutions`, a convolution run through
+    ATen (cuDNN's kernels write only the convolution's result; they do not signal, so the kernel
+    can start only once their programs have exited, which still skips part of the launch gap).
+    The first launch on a stream follows the caller's work (which may be writing a weight in place)
+    and is launched plainly; its wait is then a no-op. Unless `beside_others`, a kernel the plan runs
+    beside other streams' kernels (schedule concurrency > 1) is launched plainly too: its
+    early-resident programs would hold their SM slots."""
     last_on: dict[int, Step] = {}
     for i in schedule.order if schedule.streams > 1 else range(len(steps)):
         step = steps[i]
@@ -137,8 +143,19 @@ def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule, beside_others
         stream = schedule.stream_of.get(i, 0) if schedule.streams > 1 else 0
         if isinstance(step, KernelStep):
             alone = schedule.concurrency.get(i, 1) == 1
-            step.pdl = step.source.pdl and isinstance(last_on.get(stream), KernelStep) and (beside_others or alone)
+            prev = last_on.get(stream)
+            after = isinstance(prev, KernelStep) or (after_convolutions and is_convolution_step(prev))
+            step.pdl = step.source.pdl and after and (beside_others or alone)
         last_on[stream] = step
+
+
+def is_convolution_step(step: Step | None) -> bool:
+    """A step that runs one convolution through ATen (its last launch is a cuDNN kernel)."""
+    return isinstance(step, NodeStep) and step.group.kind is GroupKind.ATEN and \
+        step.group.nodes[0].op in CONVOLUTION_OPS
+
+
+CONVOLUTION_OPS = frozenset({"aten.convolution.default"})
 
 
 def _load(source: KernelSource, config: Config) -> Any:
@@ -163,6 +180,17 @@ def _hoist_constant_aliases(plan: Plan, steps: list[Step], graph: Graph) -> list
         else:
             out.append(step)
     return out
+
+
+_STRIDED_READERS = frozenset({GroupKind.POINTWISE, GroupKind.REDUCTION, GroupKind.HORIZONTAL})
+
+
+def read_by_kernels_only(node: Node, plan: Plan) -> bool:
+    """Every reader of `node` is a generated pointwise/reduction kernel (which takes each input's
+    strides at launch, so any memory layout reads correctly) and `node` is no graph output."""
+    owner = plan.group_of()
+    return node not in plan.graph.output_nodes and bool(node.users) and \
+        all(owner[u].kind in _STRIDED_READERS for u in node.users)
 
 
 def group_dag(plan: Plan) -> nx.DiGraph:

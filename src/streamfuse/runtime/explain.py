@@ -10,7 +10,7 @@ from streamfuse.fusion.groups import Group, GroupKind
 from streamfuse.fusion.legality import matmul_operands
 from streamfuse.ir.graph import Node
 from streamfuse.ir.ops import OpKind
-from streamfuse.runtime.steps import KernelStep
+from streamfuse.runtime.steps import ChannelsLastConvStep, KernelStep
 from streamfuse.schedule.cost import estimate_us, unfused_us
 
 if TYPE_CHECKING:
@@ -57,6 +57,9 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
             measured = (f", measured {conv.channels_last_us:.1f} µs channels_last vs {conv.native_us:.1f} µs NCHW"
                         if conv.native_us is not None and conv.channels_last_us is not None else "")
             head += f"; runs in {conv.layout.replace('native', 'NCHW')} ({conv.reason}{measured})"
+            if any(isinstance(st, ChannelsLastConvStep) and st.group is g and not st.convert_back
+                   for st in compiled.base.steps):
+                head += "; its readers (generated kernels) take the channels_last result as it is"
     else:
         head = "zero-copy alias (no launch)"
     lines = [f"{g.name}  [{g.kind.value}] {head}", f"    ops ({len(g.nodes)}): {ops}"]
@@ -131,7 +134,8 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
     kernels = [st for st in compiled.base.steps if isinstance(st, KernelStep)]
     if any(st.source.pdl for st in kernels):
         lines.append(f"programmatic dependent launch: {sum(st.pdl for st in kernels)} of {len(kernels)} generated "
-                     "kernels start while the kernel before them on their stream finishes (the first on each "
+                     "kernels start while the kernel before them on their stream finishes (one of ours, or a "
+                     "convolution unless Config.pdl_after_convolutions=False; the first on each "
                      "stream launches plainly" + ("" if compiled.config.pdl_beside_others else
                                                   ", and so does a kernel that runs beside other streams'") + ")")
     else:

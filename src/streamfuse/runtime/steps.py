@@ -84,21 +84,26 @@ class NodeStep:
 
 class ChannelsLastConvStep(NodeStep):
     """A 2-D convolution (one node, NCHW input and output) run through cuDNN in channels_last:
-    the input is converted, the result converted back to the contiguous NCHW the plan expects.
+    the input is converted, the result converted back to the contiguous NCHW the plan expects
+    (unless only generated kernels read it: `convert_back`).
     A weight the graph owns (a folded snapshot) is converted once here; a live parameter is
     converted on every call, so in-place changes to it are seen (tune/conv_layout.py)."""
 
-    def __init__(self, group: Group, slot: dict[Node, int], weight: torch.Tensor | None):
+    def __init__(self, group: Group, slot: dict[Node, int], weight: torch.Tensor | None, convert_back: bool = True):
         super().__init__(group, slot)
         (self.call,) = self.calls
         self.weight = None if weight is None else weight.contiguous(memory_format=torch.channels_last)
+        self.convert_back = convert_back
+        """False when every reader of the result is a generated kernel, which takes its input's
+        strides at launch: the channels_last result is passed on as it is (one kernel fewer)."""
 
     def run(self, env: Env) -> None:
         c = self.call
         args, kwargs = self.arguments(c, env)
         args[0] = args[0].contiguous(memory_format=torch.channels_last)
         args[1] = self.weight if self.weight is not None else args[1].contiguous(memory_format=torch.channels_last)
-        env[c.out] = c.target(*args, **kwargs).contiguous()
+        out = c.target(*args, **kwargs)
+        env[c.out] = out.contiguous() if self.convert_back else out
 
 
 class HoistedStep:
