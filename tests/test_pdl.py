@@ -182,15 +182,15 @@ def test_pdl_graph_replays_on_streams_match_eager_and_the_plain_launches(config)
             torch.testing.assert_close(batch(x), models[0](x), rtol=1e-4, atol=1e-4)
 
 
-def test_pdl_launch_after_a_convolution_only_when_configured(config) -> None:  # type: ignore[no-untyped-def]
+def test_pdl_launch_after_a_convolution_only_when_configured(config, device) -> None:  # type: ignore[no-untyped-def]
     """The conv block's fused tail follows a cuDNN convolution on its stream: launched with PDL
     under pdl_after_convolutions (it starts as the convolution's programs exit), plainly without."""
     from streamfuse.demo_models import conv_block
     from streamfuse.runtime.executable import is_convolution_step
 
-    block, inputs = conv_block(torch.device("cpu"))
+    block, inputs = conv_block(device)
     exe = streamfuse.compile(block, inputs, config.replace(conv_layout="native", max_streams=1)).base
-    (tail,) = [s for s in exe.steps if isinstance(s, KernelStep)]
+    tail = [s for s in exe.steps if isinstance(s, KernelStep)][-1]  # after the generated max pool: the tail
     tail.source = dataclasses.replace(tail.source, pdl=True)
     before = exe.steps[exe.steps.index(tail) - 1]
     assert is_convolution_step(before)

@@ -12,6 +12,7 @@ import bisect
 import hashlib
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,7 @@ from streamfuse.ir.indexing import (
     linearize,
     view_input_index,
 )
+from streamfuse.ir.lowerings import pool_params
 from streamfuse.ir.ops import OpKind, packet_name
 from streamfuse.ir.rng import OP as RAND_OP
 from streamfuse.ir.rng import rand_node_args
@@ -284,6 +286,8 @@ class Emitter:
             result = self.load(node, index)
         elif node.kind is OpKind.CONCAT:
             result = self.concat(node, index)
+        elif node.kind is OpKind.WINDOW:
+            result = self.window_max(node, index)
         elif node.op == RAND_OP:
             _, base = rand_node_args(node)
             self.uses_rng = True
@@ -316,22 +320,57 @@ class Emitter:
             k = bisect.bisect_right(offsets, int(coord.text)) - 1
             return Operand(cast(part(k), wide), wide)
         values = []
-        outer = self.guard
         for k in range(len(tensors)):
             conds = ([f"({coord.text} >= {offsets[k]})"] if k > 0 else []) + \
                     ([f"({coord.text} < {offsets[k + 1]})"] if k < len(tensors) - 1 else [])
             guard = self.tmp(" & ".join(conds), torch.bool).text if conds else None
-            if guard is not None and outer is not None:
-                guard = self.tmp(f"{outer[0]} & {guard}", torch.bool).text
-            self.guard = (guard, coord.deps | (outer[1] if outer else frozenset())) if guard else outer
-            try:
-                values.append(cast(part(k), wide))
-            finally:
-                self.guard = outer
+            values.append(cast(self.guarded(guard, coord.deps, lambda k=k: part(k)), wide))
         text = values[-1]
         for k in range(len(tensors) - 2, -1, -1):
             text = f"tl.where({coord.text} < {offsets[k + 1]}, {values[k]}, {text})"
         return self.tmp(text, wide)
+
+    def guarded(self, cond: str | None, deps: frozenset[str], fn: Callable[[], Operand]) -> Operand:
+        """fn() with `cond` (over index variables `deps`) added to the load guard (see `guard`)."""
+        outer = self.guard
+        if cond is not None:
+            text = cond if outer is None else self.tmp(f"{outer[0]} & {cond}", torch.bool).text
+            self.guard = (text, deps | (outer[1] if outer else frozenset()))
+        try:
+            return fn()
+        finally:
+            self.guard = outer
+
+    def window_max(self, node: Node, index: Index) -> Operand:
+        """Max pooling: the max over the window's taps; a tap outside the input (padding) is -inf.
+        NaN propagates, as in ATen."""
+        src = node.args[0]
+        assert isinstance(src, Node) and node.dtype is not None
+        kernel, stride, padding, dilation = pool_params(node)
+        wide = compute_dtype(node.dtype)
+        self.helpers.add("_sf_max_nan")
+        in_hw, out_hw = src.shape[-2:], node.shape[-2:]
+        acc: str | None = None
+        for kh in range(kernel[0]):
+            for kw in range(kernel[1]):
+                coords, conds, deps = list(index), [], frozenset[str]()
+                for axis, k in ((0, kh), (1, kw)):
+                    d = len(index) - 2 + axis
+                    first = k * dilation[axis] - padding[axis]
+                    last = (out_hw[axis] - 1) * stride[axis] + first
+                    pos = index[d] * stride[axis] + first
+                    coords[d] = pos
+                    if first < 0:
+                        conds.append(f"({pos.text} >= 0)")
+                    if last >= in_hw[axis]:
+                        conds.append(f"({pos.text} < {in_hw[axis]})")
+                    deps |= index[d].deps
+                cond = self.tmp(" & ".join(conds), torch.bool).text if conds else None
+                v = self.guarded(cond, deps, lambda c=tuple(coords): self.value(src, c))
+                tap = cast(v, wide) if cond is None else f"tl.where({cond}, {cast(v, wide)}, float(\"-inf\"))"
+                acc = tap if acc is None else self.tmp(f"_sf_max_nan({acc}, {tap})", wide).text
+        assert acc is not None
+        return Operand(acc, wide) if acc.isidentifier() else self.tmp(acc, wide)
 
     def store(self, ptr: str, value: str, mask: str | None) -> None:
         masked = "" if mask is None else f", mask={mask}"

@@ -86,7 +86,7 @@ class Group:
     def name(self) -> str:
         if self.kind is GroupKind.HORIZONTAL:
             return f"k{self.id}_horizontal_x{len(self.parts)}"
-        ops = [n.op.split(".")[1] for n in self.nodes if n.op.startswith("aten.")]
+        ops = [n.op.split(".")[1] for n in self.nodes if n.op.startswith(("aten.", "streamfuse."))]
         head = "_".join(dict.fromkeys(ops))[:40] or self.nodes[0].op
         return f"k{self.id}_{head}"
 

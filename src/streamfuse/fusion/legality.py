@@ -8,8 +8,9 @@ legality apart from heuristics). The rules, for v1:
 - with reductions, all reduce the same dims of the same shape (one rows x columns domain); a
   value computed from a reduced value is either a full row tile (the domain's shape) or one
   value per row (keepdim or squeezed shape), so that each program owns whole rows;
-- a cat reads each input at its offset along the cat dim, so it joins values computed at any
-  index, but not values derived from a reduction in the same kernel;
+- a cat reads each input at its offset along the cat dim, and max pooling reads a window around
+  its position, so both take values computed at any index, but not values derived from a
+  reduction in the same kernel;
 - views and expands are never written out by a kernel: they stay zero-copy aliases;
 - with a contraction (mm / addmm, when the cost model picked the Triton template): one per kernel,
   its operands read from outside (no prologue), and every value derived from it has the [M, N]
@@ -79,6 +80,10 @@ def node_refusal(node: Node, config: Config) -> str | None:
         tensors, _ = concat_parts(node)
         if not all(isinstance(t, Node) and len(t.shape) == len(node.shape) and t.numel > 0 for t in tensors):
             return "cat with an empty or lower-rank input runs through ATen"
+    if node.kind is OpKind.WINDOW:
+        x = node.args[0]
+        if not (isinstance(x, Node) and len(x.shape) in (3, 4) and node.dtype in FLOAT_DTYPES):
+            return "max pooling of an integer or non-3/4-D tensor runs through ATen"
     if node.kind is OpKind.REDUCTION:
         if node.op not in GENERATED_REDUCTIONS:
             return f"reduction overload {node.op} is not generated"
@@ -150,8 +155,9 @@ def _check_reduction_levels(nodes: list[Node], members: set[Node], outputs: Iter
         deps = [a for a in n.input_nodes() if a in members and a in level]
         if not deps:
             continue  # computed from loads alone: a pure function of its index, valid anywhere
-        if n.kind is OpKind.CONCAT:
-            return f"cat %{n.name} joins values derived from a reduction (rows would move between programs)"
+        if n.kind.gathers:
+            return (f"%{n.name} ({n.op}) reads values derived from a reduction at other positions (rows would "
+                    "move between programs)")
         if n.shape == full:
             level[n] = "full"
         elif n.shape in per_row:
@@ -223,8 +229,9 @@ def _check_matmul(nodes: list[Node], members: set[Node], inputs: tuple[Node, ...
     if inside:
         return (f"%{mm.name} reads %{inside[0].name}, computed in the same kernel: prologue fusion into the "
                 "matmul template is not generated")
-    if any(n.kind is OpKind.CONCAT for n in nodes):
-        return "a cat in a matmul epilogue is not generated"
+    gathering = [n for n in nodes if n.kind.gathers]
+    if gathering:
+        return f"a {gathering[0].op.split('.')[1]} in a matmul epilogue is not generated"
     if any(n.kind is OpKind.REDUCTION for n in nodes):
         return "a reduction in a matmul epilogue is not generated (the tile holds only part of a row)"
     n_cols = mm.shape[-1]

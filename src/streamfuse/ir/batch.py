@@ -28,7 +28,7 @@ State = str | Rows
 # batch-carrying inputs have it at dim 0 (the op-specific checks below cover the dim argument).
 _ROW_WISE = {
     "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
-    "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d",
+    "max_pool2d_with_indices", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d",
     "upsample_nearest2d", "upsample_bilinear2d", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
     "scaled_dot_product_attention", "embedding", "index_select",

@@ -90,8 +90,11 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                 lowering = LOWERINGS.get(target)
                 if lowering is not None:
                     val = fx_node.meta["val"]
-                    env[fx_node] = lowering(_Builder(fresh, nodes), target, args, kwargs, val)
-                    continue
+                    used = frozenset(u.args[1] for u in fx_node.users if u.target is operator.getitem)
+                    lowered = lowering(_Builder(fresh, nodes, used), target, args, kwargs, val)
+                    if lowered is not None:
+                        env[fx_node] = lowered
+                        continue
                 kind = refine_kind(qual, kind_of(qual), args, kwargs)
                 node = _tensor_node(fresh(fx_node.name), qual, kind, target, args, kwargs, fx_node)
             else:

@@ -4,6 +4,7 @@ capture (they go through prims or mutating ops), rewritten into ops the planner 
 - var / var_mean (every overload) -> var.correction (+ mean.dim)
 - inference batch-norm -> (x - mean) * rsqrt(var + eps) * weight + bias, per channel
 - training dropout -> philox_rand >= p selects x / (1 - p) (ir/rng.py), so it fuses
+- max_pool2d_with_indices with its indices unread -> streamfuse.max_pool2d (a WINDOW op, generated)
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Builder:
 
     fresh: Callable[[str], str]
     nodes: list[Node]
+    used_results: frozenset[int] | None = None
+    """Which results of the op being lowered the graph reads (getitem indices); None: unknown."""
 
     def add(self, name: str, target: Any, args: tuple, kwargs: dict | None = None, *,
             shape: tuple[int, ...], dtype: torch.dtype | None, strides: tuple[int, ...] | None = None) -> Node:
@@ -116,7 +119,49 @@ def _lower_dropout(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any)
     return (out, keep)
 
 
-LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg]] = {
+def max_pool2d(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
+               ceil_mode: bool) -> torch.Tensor:
+    """Reference implementation (the NodeStep target) of the lowered max pooling: values only."""
+    return torch.nn.functional.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode)
+
+
+max_pool2d.__name__ = "streamfuse.max_pool2d.default"
+
+
+def pool_params(node: Node) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(kernel, stride, padding, dilation) of a streamfuse.max_pool2d node, each [h, w]."""
+    kernel, stride, padding, dilation = (list(node.args[i]) for i in range(1, 5))  # type: ignore[call-overload]
+    return kernel, stride, padding, dilation
+
+
+def _lower_max_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """max_pool2d_with_indices whose indices nobody reads -> a WINDOW node (values only, generated);
+    with indices read, the op stays as it is (ATen)."""
+    x = args[0]
+    values = val[0]
+    if b.used_results is None or 1 in b.used_results or not values.is_floating_point():
+        return None  # converted as recorded: ATen computes the indices
+    def pair(v: Any, default: list[int]) -> list[int]:
+        v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
+        v = [v] if isinstance(v, int) else list(v)
+        return v * 2 if len(v) == 1 else v
+
+    def arg(i: int, name: str, default: Any) -> Any:
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    kernel = pair(arg(1, "kernel_size", None), [])
+    stride = pair(arg(2, "stride", None), kernel)
+    padding = pair(arg(3, "padding", 0), [0])
+    dilation = pair(arg(4, "dilation", 1), [1])
+    ceil_mode = bool(arg(5, "ceil_mode", False))
+    out = b.add("max_pool2d", max_pool2d, (x, kernel, stride, padding, dilation, ceil_mode),
+                shape=tuple(values.shape), dtype=values.dtype)
+    return (out, _Unused("max-pool indices"))
+
+
+LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
+    # a lowering returns None to leave the op as recorded
+    aten.max_pool2d_with_indices.default: _lower_max_pool2d,
     aten.var_mean.correction: _lower_var,
     aten.var_mean.dim: _lower_var,
     aten.var.dim: _lower_var,

@@ -24,10 +24,20 @@ class OpKind(enum.Enum):
     CONCAT = "concat"
     """torch.cat: each output element is one input's element, picked by its index along `dim`
     (generated as masked loads and a select, so producers and consumers fuse through it)."""
+    WINDOW = "window"
+    """2-D max pooling: each output element is the max of a small window of its input, read by
+    shifted loads masked at the borders (ir/lowerings.py lowers max_pool2d when its indices are
+    unused)."""
 
     @property
     def fusible(self) -> bool:
-        return self in (OpKind.POINTWISE, OpKind.BROADCAST, OpKind.VIEW, OpKind.REDUCTION, OpKind.CONCAT)
+        return self in (OpKind.POINTWISE, OpKind.BROADCAST, OpKind.VIEW, OpKind.REDUCTION, OpKind.CONCAT,
+                        OpKind.WINDOW)
+
+    @property
+    def gathers(self) -> bool:
+        """Reads its input at indices other than its own (a shifted or offset position)."""
+        return self in (OpKind.CONCAT, OpKind.WINDOW)
 
 
 _POINTWISE = ["add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "silu", "sin", "cos", "floor", "ceil", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "pow", "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "logical_and", "logical_or", "_to_copy", "clone", "alias", "leaky_relu", "hardtanh", "scalar_tensor", "full"]
@@ -51,7 +61,8 @@ OP_KINDS: dict[str, OpKind] = {
     **{f"aten.{n}": OpKind.CONTRACTION for n in _CONTRACTION},
     **{n: OpKind.VIEW for n in MULTI_VIEWS},
     "aten.cat": OpKind.CONCAT,
-    "streamfuse.philox_rand": OpKind.POINTWISE,  # counter-based: a pure function of its index (ir/rng.py)
+    "streamfuse.philox_rand": OpKind.POINTWISE,
+    "streamfuse.max_pool2d": OpKind.WINDOW,  # counter-based: a pure function of its index (ir/rng.py)
 }
 
 # Overloads whose semantics differ from the packet's default and that v1 does not generate.

@@ -1,0 +1,74 @@
+"""Max pooling generated as a WINDOW op (ir/lowerings.py lowers max_pool2d_with_indices when its
+indices are unread): each tap is a shifted load masked at the borders, padding counts as -inf, NaN
+propagates as in ATen, and pointwise producers and consumers may fuse with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import randn
+
+import streamfuse
+from streamfuse.ir.ops import OpKind
+
+
+def windows(compiled) -> list:  # type: ignore[no-untyped-def]
+    return [n for g in compiled.plan.groups for n in g.nodes if n.kind is OpKind.WINDOW]
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding", "dilation", "ceil_mode", "shape"), [
+    (3, 1, 1, 1, False, (1, 4, 9, 9)),  # the inception branch's pooling
+    (3, 2, 1, 1, False, (2, 3, 11, 10)),  # the ResNet stem's
+    (2, 2, 0, 1, False, (1, 2, 8, 8)),
+    ((3, 2), (2, 1), (1, 0), (2, 1), True, (1, 2, 13, 12)),
+    (3, 2, 0, 1, True, (2, 10, 10)),  # 3-D input, windows running past the edge
+])
+def test_max_pool_is_generated_and_equals_eager(config, device, kernel, stride, padding, dilation, ceil_mode,
+                                                shape) -> None:  # type: ignore[no-untyped-def]
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(torch.relu(x + 0.5), kernel, stride, padding, dilation, ceil_mode=ceil_mode) * 2
+
+    x = randn(*shape, device=device, seed=sum(shape))
+    x.view(-1)[3] = float("nan")  # NaN propagates through the window's max
+    compiled = streamfuse.compile(fn, (x,), config)
+    assert len(windows(compiled)) == 1 and compiled.stats["aten_kernels"] == 0
+    torch.testing.assert_close(compiled(x), fn(x), equal_nan=True)
+    fresh = torch.randn_like(x)
+    torch.testing.assert_close(compiled(fresh), fn(fresh))
+
+
+def test_max_pool_with_its_indices_read_stays_in_aten(config, device) -> None:  # type: ignore[no-untyped-def]
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        values, indices = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+        return values + 1, indices
+
+    x = randn(1, 3, 8, 8, device=device, seed=1)
+    compiled = streamfuse.compile(fn, (x,), config)
+    assert not windows(compiled) and "max_pool2d_with_indices" in compiled.explain()
+    values, indices = compiled(x)
+    ref_values, ref_indices = fn(x)
+    torch.testing.assert_close(values, ref_values)
+    assert torch.equal(indices, ref_indices)
+
+
+def test_the_conv_blocks_pooling_branch_is_generated(config, device) -> None:  # type: ignore[no-untyped-def]
+    from streamfuse.demo_models import conv_block
+
+    block, inputs = conv_block(device)
+    compiled = streamfuse.compile(block, inputs, config.replace(conv_layout="native"))
+    (pool,) = windows(compiled)
+    assert pool.op == "streamfuse.max_pool2d.default"
+    with torch.no_grad():
+        x = torch.randn_like(inputs[0])
+        tol = 5e-3 if device.type == "cuda" else 1e-4  # cuDNN's TF32 convolutions
+        torch.testing.assert_close(compiled(x), block(x), rtol=tol, atol=tol)
+
+
+def test_batch_buckets_pad_through_a_generated_pool(config, device) -> None:  # type: ignore[no-untyped-def]
+    """Pooling keeps rows independent along dim 0: a smaller batch pads up to its bucket."""
+    fn = lambda x: F.max_pool2d(x, 2) + 1
+    compiled = streamfuse.compile(fn, (randn(4, 2, 6, 6, device=device, seed=2),), config.replace(batch_buckets=(4,)))
+    assert compiled.batch_reason is None  # rows proven independent
+    x = randn(3, 2, 6, 6, device=device, seed=3)
+    torch.testing.assert_close(compiled(x), fn(x))
