@@ -27,7 +27,7 @@ step host 60 python3 benchmarks/host_overhead.py
 step share 150 python3 benchmarks/stream_share.py --splits 8 32 --pdl on alone off --out "$OUT/share"
 step instances 90 python3 benchmarks/graph_instances.py --instances 4 --rounds 4 --profiler --out "$OUT/instances"
 step launch 60 python3 benchmarks/launch_rate.py
-step bench 200 streamfuse bench --out "$OUT/bench"
+step bench 320 streamfuse bench --out "$OUT/bench"
 step tma 120 python3 benchmarks/tma_matmul.py --sizes 4096 512
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"

@@ -139,6 +139,24 @@ def test_auto_keeps_channels_last_only_when_faster_by_the_margin(config, tmp_pat
     assert choose_layout(node, graph, cfg, torch.device("cpu"), timer).layout == "native"
 
 
+def test_auto_times_channels_last_the_way_the_step_will_run_it(config, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A result that stays channels_last (only generated kernels read it) is timed without the
+    conversion back, and cached apart from the converting variant."""
+    torch.manual_seed(6)
+    node, graph = _conv_node(torch.nn.Conv2d(4, 3, 5, padding=2).eval(), torch.randn(1, 4, 8, 8), config)
+    cfg = config.replace(conv_layout="auto", autotune=True, cache_dir=tmp_path)
+    contiguous: list[bool] = []
+
+    def timer(fn):  # type: ignore[no-untyped-def]
+        contiguous.append(fn().is_contiguous())
+        return 1.0
+
+    measure_layout(node, graph, cfg, torch.device("cpu"), timer, convert_back=False)
+    assert contiguous == [True, False]  # NCHW, then channels_last handed on as it is
+    measure_layout(node, graph, cfg, torch.device("cpu"), timer, convert_back=True)
+    assert contiguous == [True, False, True, True]  # not read from the other variant's cache entry
+
+
 def test_measured_convolution_time_moves_the_critical_path_onto_the_priority_stream(config) -> None:  # type: ignore[no-untyped-def]
     """The cost model prices a small convolution by its FLOPs; the measured 5x5 (tens of µs on the
     H200) is the block's longest branch, so its stream must be the high-priority one."""

@@ -76,7 +76,10 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    beside others timed beside copies of itself (Config.autotune_concurrency)
     #    A convolution's layout is chosen first (measured under Config.conv_layout="auto" on CUDA):
     #    its measured time replaces the cost model's estimate in the critical path
-    conv_layouts = {g.name: choose_layout(g.nodes[0], graph, config, device)
+    #    (timed the way it will run: a result only generated kernels read stays channels_last)
+    keep_cl = {g.name: config.conv_keep_channels_last and executor == "triton"
+               and read_by_kernels_only(g.nodes[0], plan) for g in plan.groups}
+    conv_layouts = {g.name: choose_layout(g.nodes[0], graph, config, device, convert_back=not keep_cl[g.name])
                     for g in plan.groups if len(g.nodes) == 1 and eligible(g.nodes[0], graph)}
     measured: dict[int, float] = {}
     for g in plan.groups:
@@ -101,9 +104,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         if choice is not None:
             if choice.layout == "channels_last":
                 w = g.nodes[0].args[1]
-                keep = config.conv_keep_channels_last and executor == "triton" and read_by_kernels_only(g.nodes[0], plan)
                 steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None,
-                                                  convert_back=not keep))
+                                                  convert_back=not keep_cl[g.name]))
                 continue
         if g.kind.generated and executor == "triton":
             kernel = _load(sources[g.id], config)

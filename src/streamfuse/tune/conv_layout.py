@@ -66,26 +66,30 @@ def _contiguous(n: Node) -> bool:
 
 
 def choose_layout(node: Node, graph: Graph, config: Config, device: torch.device,
-                  timer: Callable[[Callable[[], Any]], float] = time_graph_us) -> ConvLayoutChoice:
-    """The layout `node` runs in: Config.conv_layout, measured under "auto" on CUDA (see module doc)."""
+                  timer: Callable[[Callable[[], Any]], float] = time_graph_us,
+                  convert_back: bool = True) -> ConvLayoutChoice:
+    """The layout `node` runs in: Config.conv_layout, measured under "auto" on CUDA (see module doc).
+    `convert_back`: the channels_last way converts its result back to NCHW (False where only
+    generated kernels read it, runtime/steps.ChannelsLastConvStep), and is timed that way."""
     if config.conv_layout == "native" or not eligible(node, graph):
         return ConvLayoutChoice("native", reason="as recorded")
     if config.conv_layout == "channels_last":
         return ConvLayoutChoice("channels_last", reason="Config.conv_layout")
     if device.type != "cuda" or not config.autotune:
         return ConvLayoutChoice("native", reason="not measured: needs CUDA and Config.autotune")
-    return measure_layout(node, graph, config, device, timer)
+    return measure_layout(node, graph, config, device, timer, convert_back)
 
 
 def measure_layout(node: Node, graph: Graph, config: Config, device: torch.device,
-                   timer: Callable[[Callable[[], Any]], float] = time_graph_us) -> ConvLayoutChoice:
+                   timer: Callable[[Callable[[], Any]], float] = time_graph_us,
+                   convert_back: bool = True) -> ConvLayoutChoice:
     """Both layouts timed with `timer` on random operands (or read from the cache), the faster kept."""
     owned = node.args[1] in graph.snapshots
-    key = _key(node, device, owned)
+    key = _key(node, device, owned) + ("" if convert_back else "|result kept channels_last")
     cached = load_cache(config.cache_dir).get(key)
     if cached is None:
         try:
-            times = _measure(node, device, owned, timer)
+            times = _measure(node, device, owned, timer, convert_back)
         except RuntimeError as e:  # cuDNN refused a layout: keep the recorded one
             return ConvLayoutChoice("native", reason=f"channels_last failed: {str(e).splitlines()[0][:80]}")
         if times is None:
@@ -97,8 +101,8 @@ def measure_layout(node: Node, graph: Graph, config: Config, device: torch.devic
     return ConvLayoutChoice("channels_last" if wins else "native", native_us, channels_last_us, reason="measured")
 
 
-def _measure(node: Node, device: torch.device, owned: bool,
-             timer: Callable[[Callable[[], Any]], float]) -> tuple[float, float] | None:
+def _measure(node: Node, device: torch.device, owned: bool, timer: Callable[[Callable[[], Any]], float],
+             convert_back: bool = True) -> tuple[float, float] | None:
     """(NCHW µs, channels_last µs), or None if the two disagree by more than 1% of the result's scale."""
     cl = torch.channels_last
     with unset_fake_temporarily():
@@ -112,7 +116,8 @@ def _measure(node: Node, device: torch.device, owned: bool,
             a = list(args)
             a[0] = a[0].contiguous(memory_format=cl)
             a[1] = weight if owned else a[1].contiguous(memory_format=cl)
-            return node.target(*a).contiguous()
+            out = node.target(*a)
+            return out.contiguous() if convert_back else out
 
         want = native().float()
         if (channels_last().float() - want).abs().max() > 1e-2 * want.abs().max().clamp_min(1e-6):
