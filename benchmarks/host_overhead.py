@@ -52,7 +52,6 @@ def main() -> int:
         "streamfuse graph: _check_batch": lambda: graphed._check_batch([x]),
         "graph.replay()": lambda: runner.graph.replay(),
         "static.copy_(x)": lambda: static_in.copy_(x),
-        "runner.copy_in(static, x) (Triton copy kernel)": lambda: runner.copy_in(static_in, x),
         "storage copy_ (untyped storages)": lambda: static_storage.copy_(x.untyped_storage(), True),
         "torch._foreach_copy_([static], [x])": lambda: torch._foreach_copy_([static_in], [x]),
         "out.clone()": lambda: static_out.clone(),

@@ -236,24 +236,3 @@ def test_output_guard_sees_tensors_and_views_the_caller_keeps() -> None:
     assert guard.held()
     results.clear()
     assert not guard.held()
-
-
-@pytest.mark.parametrize(("shape", "dtype"), [((3, 1000), torch.float32), ((7,), torch.int64),
-                                               ((2, 5, 9), torch.bfloat16), ((2, 3), torch.bool)])
-def test_input_copy_kernel_copies_every_element(shape, dtype) -> None:  # type: ignore[no-untyped-def]
-    """The graph call's input copy (runtime/input_copy.py): a Triton kernel, or copy_ for what it
-    does not cover (bool, non-contiguous); a batch prefix of the static buffer receives a smaller input."""
-    from streamfuse.runtime.input_copy import InputCopy
-
-    copy = InputCopy(torch.device("cpu"))
-    src = (torch.randn(shape) * 100).to(dtype)
-    dst = torch.zeros(shape, dtype=dtype)
-    copy(dst, src)
-    assert torch.equal(dst, src)
-    big = torch.zeros((4, *shape[1:]), dtype=dtype)
-    copy(big[: shape[0]] if len(shape) > 1 else big, src if len(shape) > 1 else src[:4])
-    assert torch.equal(big[: min(shape[0], 4)], src[: min(shape[0], 4)])
-    t = (torch.randn(shape[::-1]) * 100).to(dtype).t() if len(shape) == 2 else src
-    out = torch.zeros(t.shape, dtype=dtype)
-    copy(out, t)  # non-contiguous: through copy_
-    assert torch.equal(out, t)

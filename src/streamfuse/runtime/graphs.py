@@ -77,10 +77,6 @@ class GraphRunner:
         self.reuse_outputs = reuse_outputs
         self.batch_slices = list(batch_slices)
         self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
-        from streamfuse.runtime.input_copy import InputCopy
-
-        self.copy_in = InputCopy(exe.device)
-        """Copies a call's input into its static buffer (one directly launched kernel: runtime/input_copy.py)."""
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
         first = _Instance(exe, pool, self.static_inputs)
         self.graph = first.graph
@@ -106,8 +102,11 @@ class GraphRunner:
     def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
         """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
         exact = batch == self.padded_batch
-        for static, x in zip(self.static_inputs, inputs, strict=True):
-            self.copy_in(static if exact else static[:batch], x)
+        if len(inputs) == 1:
+            (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])
+        elif inputs:
+            statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
+            torch._foreach_copy_(statics, list(inputs))
         if self.reuse_outputs:
             self.graph.replay()
             return self._views(self.static_outputs, batch, exact)

@@ -160,7 +160,7 @@ class KernelStep:
         if self.needs_allocator:
             ensure_allocator()
         if self.direct:
-            key = tuple(specialization(a) for a in args)
+            key = tuple(_specialization(a) for a in args)
             compiled = self._compiled.get(key)
             if compiled is not None and triton_hooks_unset():
                 grid = self.source.grid
@@ -187,7 +187,7 @@ class KernelStep:
         return self.kernel[self.source.grid](*args, **options, **self.source.constexprs)
 
 
-def specialization(arg: Any) -> Any:
+def _specialization(arg: Any) -> Any:
     if isinstance(arg, torch.Tensor):
         return arg.data_ptr() % 16 == 0
     return (arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
