@@ -233,3 +233,13 @@ def test_plot_leaves_no_figure_or_backend_change(reports: dict[str, ProfileRepor
     before = plt.get_fignums()
     plot_timeline(reports["measured"], tmp_path / "t.png")
     assert plt.get_fignums() == before and matplotlib.get_backend() == backend
+
+
+def test_measured_multi_stream_gaps_come_with_the_profiler_caveat(reports) -> None:  # type: ignore[no-untyped-def]
+    measured, predicted = reports["measured"], reports["predicted"]
+    assert measured.totals["streams"] == 3 and measured.totals["gap_ratio"] > 0.05
+    assert any("CUPTI" in r for r in measured.recommendations)
+    assert not any("CUPTI" in r for r in predicted.recommendations)  # the cost model has no profiler in it
+    one_stream = build_report("one", "NVIDIA H200", [iv for iv in _intervals() if iv.stream == 7], predicted=False,
+                              calls=3, ceilings=CEILINGS["H200"])
+    assert not any("CUPTI" in r for r in one_stream.recommendations)
