@@ -31,9 +31,9 @@ from streamfuse.ir.indexing import (
     concat_parts,
     delinearize,
     linearize,
+    pool_params,
     view_input_index,
 )
-from streamfuse.ir.lowerings import pool_params
 from streamfuse.ir.ops import OpKind, packet_name
 from streamfuse.ir.rng import OP as RAND_OP
 from streamfuse.ir.rng import rand_node_args

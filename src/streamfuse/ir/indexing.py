@@ -186,6 +186,12 @@ def concat_parts(node: Node) -> tuple[list[Node], int]:
     return list(tensors), _norm_dim(dim, len(node.shape))
 
 
+def pool_params(node: Node) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(kernel, stride, padding, dilation) of a streamfuse.max_pool2d node (ir/lowerings.py), each [h, w]."""
+    kernel, stride, padding, dilation = (list(node.args[i]) for i in range(1, 5))  # type: ignore[call-overload]
+    return kernel, stride, padding, dilation
+
+
 def permutation(node: Node) -> list[int]:
     """Output dim k of a permute/transpose reads input dim perm[k]."""
     rank = len(node.shape)

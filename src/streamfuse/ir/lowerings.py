@@ -128,12 +128,6 @@ def max_pool2d(x: torch.Tensor, kernel: list[int], stride: list[int], padding: l
 max_pool2d.__name__ = "streamfuse.max_pool2d.default"
 
 
-def pool_params(node: Node) -> tuple[list[int], list[int], list[int], list[int]]:
-    """(kernel, stride, padding, dilation) of a streamfuse.max_pool2d node, each [h, w]."""
-    kernel, stride, padding, dilation = (list(node.args[i]) for i in range(1, 5))  # type: ignore[call-overload]
-    return kernel, stride, padding, dilation
-
-
 def _lower_max_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
     """max_pool2d_with_indices whose indices nobody reads -> a WINDOW node (values only, generated);
     with indices read, the op stays as it is (ATen)."""
@@ -141,6 +135,7 @@ def _lower_max_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: A
     values = val[0]
     if b.used_results is None or 1 in b.used_results or not values.is_floating_point():
         return None  # converted as recorded: ATen computes the indices
+
     def pair(v: Any, default: list[int]) -> list[int]:
         v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
         v = [v] if isinstance(v, int) else list(v)

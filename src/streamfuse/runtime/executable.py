@@ -15,7 +15,7 @@ import torch
 
 from streamfuse.codegen.kernel import KernelSource, generate, use_pdl
 from streamfuse.config import Config
-from streamfuse.fusion.groups import GroupKind, Plan
+from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.graph import Graph, Node
@@ -27,7 +27,7 @@ from streamfuse.runtime.streams import StreamRunner
 from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.schedule.plan import StreamSchedule, schedule_steps
 from streamfuse.tune.ceilings import DeviceCeilings, builtin_for, ceilings_for
-from streamfuse.tune.conv_layout import ConvLayoutChoice, choose_layout, eligible
+from streamfuse.tune.conv_layout import CONV, ConvLayoutChoice, choose_layout, eligible
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
 
@@ -77,15 +77,13 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    A convolution's layout is chosen first (measured under Config.conv_layout="auto" on CUDA):
     #    its measured time replaces the cost model's estimate in the critical path
     #    (timed the way it will run: a result only generated kernels read stays channels_last)
+    owner = plan.group_of()
+    convs = [g for g in plan.groups if len(g.nodes) == 1 and eligible(g.nodes[0], graph)]
     keep_cl = {g.name: config.conv_keep_channels_last and executor == "triton"
-               and read_by_kernels_only(g.nodes[0], plan) for g in plan.groups}
+               and read_by_kernels_only(g.nodes[0], plan, owner) for g in convs}
     conv_layouts = {g.name: choose_layout(g.nodes[0], graph, config, device, convert_back=not keep_cl[g.name])
-                    for g in plan.groups if len(g.nodes) == 1 and eligible(g.nodes[0], graph)}
-    measured: dict[int, float] = {}
-    for g in plan.groups:
-        us = conv_layouts[g.name].measured_us if g.name in conv_layouts else None
-        if us is not None:
-            measured[g.id] = us
+                    for g in convs}
+    measured = {g.id: us for g in convs if (us := conv_layouts[g.name].measured_us) is not None}
     schedule = schedule_steps(plan, config, measured)
     if on_gpu and config.autotune:
         from streamfuse.tune.autotune import tune_matmul
@@ -101,12 +99,11 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     steps: list[Step] = []
     for g in plan.groups:
         choice = conv_layouts.get(g.name)
-        if choice is not None:
-            if choice.layout == "channels_last":
-                w = g.nodes[0].args[1]
-                steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None,
-                                                  convert_back=not keep_cl[g.name]))
-                continue
+        if choice is not None and choice.layout == "channels_last":
+            w = g.nodes[0].args[1]
+            steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None,
+                                              convert_back=not keep_cl[g.name]))
+            continue
         if g.kind.generated and executor == "triton":
             kernel = _load(sources[g.id], config)
             step = make_kernel_step(g, sources[g.id], kernel, slot, device, rng)
@@ -154,10 +151,7 @@ def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule, beside_others
 def is_convolution_step(step: Step | None) -> bool:
     """A step that runs one convolution through ATen (its last launch is a cuDNN kernel)."""
     return isinstance(step, NodeStep) and step.group.kind is GroupKind.ATEN and \
-        step.group.nodes[0].op in CONVOLUTION_OPS
-
-
-CONVOLUTION_OPS = frozenset({"aten.convolution.default"})
+        step.group.nodes[0].op == CONV
 
 
 def _load(source: KernelSource, config: Config) -> Any:
@@ -187,10 +181,10 @@ def _hoist_constant_aliases(plan: Plan, steps: list[Step], graph: Graph) -> list
 _STRIDED_READERS = frozenset({GroupKind.POINTWISE, GroupKind.REDUCTION, GroupKind.HORIZONTAL})
 
 
-def read_by_kernels_only(node: Node, plan: Plan) -> bool:
+def read_by_kernels_only(node: Node, plan: Plan, owner: dict[Node, Group]) -> bool:
     """Every reader of `node` is a generated pointwise/reduction kernel (which takes each input's
-    strides at launch, so any memory layout reads correctly) and `node` is no graph output."""
-    owner = plan.group_of()
+    strides at launch, so any memory layout reads correctly) and `node` is no graph output.
+    `owner`: plan.group_of()."""
     return node not in plan.graph.output_nodes and bool(node.users) and \
         all(owner[u].kind in _STRIDED_READERS for u in node.users)
 
