@@ -17,20 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import streamfuse
 from streamfuse import Config
 from streamfuse.profile.timing import host_us_per_call
-
-
-def _cudart_memcpy():  # type: ignore[no-untyped-def]
-    """cudaMemcpyAsync of the CUDA runtime this process loaded (through ctypes), or None."""
-    import ctypes
-
-    with open("/proc/self/maps") as maps:
-        paths = [line.split()[-1] for line in maps if "libcudart" in line]
-    if not paths:
-        return None
-    fn = ctypes.CDLL(paths[0]).cudaMemcpyAsync
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
+from streamfuse.runtime import cudart
 
 
 def main() -> int:
@@ -39,15 +26,24 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d)).eval().cuda()
     x = torch.randn(1, d, device="cuda")
     graphed = streamfuse.compile(model, (x,))
+    copying_in = streamfuse.compile(model, (x,), Config(input_copy_node=False))
     streams = streamfuse.compile(model, (x,), Config(cuda_graphs=False))
     graphed(x)
     runner = next(iter(graphed._runners.values()))
     static_in, static_out = runner.static_inputs[0], runner.static_outputs[0]
     static_storage = static_in.untyped_storage()
     reuse = streamfuse.compile(model, (x,), Config(reuse_outputs=True))
+    copying_in(x)
+    inst = runner.first
+    print(f"input copy: {graphed.input_copy()}")
+    # the two input-copy paths alternately, five rounds each (the host's speed drifts within a run)
+    pairs = [(host_us_per_call(lambda: graphed(x)), host_us_per_call(lambda: copying_in(x))) for _ in range(5)]
+    print("compiled(x), copy node vs copy before replay, rounds: "
+          + ", ".join(f"{a:.1f}/{b:.1f}" for a, b in pairs) + " us")
     rows = {
         "eager model(x)": lambda: model(x),
         "streamfuse graph: compiled(x)": lambda: graphed(x),
+        "streamfuse graph, input copy before replay: compiled(x)": lambda: copying_in(x),
         "streamfuse graph: runner([x], 1)": lambda: runner([x], 1),
         "streamfuse graph: _check_batch": lambda: graphed._check_batch([x]),
         "graph.replay()": lambda: runner.graph.replay(),
@@ -60,11 +56,13 @@ def main() -> int:
         "streamfuse graph, reuse_outputs: compiled(x)": lambda: reuse(x),
         "streamfuse streams: compiled(x)": lambda: streams(x),
     }
-    memcpy = _cudart_memcpy()
-    if memcpy is not None:  # the copy alone, without torch's dispatch: the floor for the input copy
-        nbytes = x.numel() * x.element_size()
-        rows["cudaMemcpyAsync through ctypes"] = lambda: memcpy(static_in.data_ptr(), x.data_ptr(), nbytes, 3,
-                                                                 torch._C._cuda_getCurrentRawStream(0))
+    nbytes = x.numel() * x.element_size()
+    rows["cudaMemcpyAsync through ctypes"] = lambda: cudart.memcpy_d2d_async(
+        static_in.data_ptr(), x.data_ptr(), nbytes, torch._C._cuda_getCurrentRawStream(0))
+    if inst.copy_nodes:  # the node update alone, then with the replay
+        node, exe_handle = inst.copy_nodes[0], inst.exec
+        rows["set_memcpy_source (copy node update)"] = lambda: cudart.set_memcpy_source(
+            exe_handle, node, static_in.data_ptr(), x.data_ptr(), nbytes)
     for label, fn in rows.items():
         print(f"{label:40} {host_us_per_call(fn):7.1f} us")
     prof = cProfile.Profile()

@@ -124,6 +124,10 @@ def main() -> int:
         results["host_us_single_input_mlp_copying"] = host_us_per_call(lambda: copying(xs[0]))
         unchecked = streamfuse.compile(models[0], (xs[0],), config.replace(check_inputs=False))
         results["host_us_single_input_mlp_unchecked"] = host_us_per_call(lambda: unchecked(xs[0]))
+        before = streamfuse.compile(models[0], (xs[0],), config.replace(input_copy_node=False))
+        before(xs[0])
+        results["host_us_single_input_mlp_copy_before_replay"] = host_us_per_call(lambda: before(xs[0]))
+        results["host_us_single_input_mlp_again"] = host_us_per_call(lambda: single(xs[0]))
         buf = torch.empty_like(xs[0])
         results["host_components_us"] = {  # what one call is made of, each alone
             "graph replay": host_us_per_call(replay_of(single)),
@@ -268,7 +272,9 @@ def main() -> int:
           f"(reuse_outputs=True: {results['host_us_single_input_mlp_reuse']:.1f} µs), "
           f"eager {results['host_us_eager_mlp']:.1f} µs, output_sets=0 (always a copy) "
           f"{results['host_us_single_input_mlp_copying']:.1f} µs, check_inputs=False "
-          f"{results['host_us_single_input_mlp_unchecked']:.1f} µs")
+          f"{results['host_us_single_input_mlp_unchecked']:.1f} µs, input copied before the replay "
+          f"(input_copy_node=False) {results['host_us_single_input_mlp_copy_before_replay']:.1f} µs, "
+          f"streamfuse again {results['host_us_single_input_mlp_again']:.1f} µs")
     print("host time per call of the pieces: " + ", ".join(f"{k} {v:.1f} µs"
                                                            for k, v in results["host_components_us"].items()))
     print(f"after torch.profiler sessions in this process: streamfuse "

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
-#   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#   (default: all, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
+#   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma] [idle]
+#   (default: all but idle, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
 #   `epilogue bench tma`)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,7 @@ step instances 90 python3 benchmarks/graph_instances.py --instances 4 --rounds 4
 step launch 60 python3 benchmarks/launch_rate.py
 step bench 320 streamfuse bench --out "$OUT/bench"
 step tma 120 python3 benchmarks/tma_matmul.py --sizes 4096 512
+step idle 200 python3 benchmarks/probe_idle.py --out "$OUT/idle"
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
 find "$OUT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
@@ -42,4 +43,5 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/launch.txt" ] && cat "$OUT/launch.txt"
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
+[ -f "$OUT/idle.txt" ] && grep -E "GPM|CUPTI|events|cycles" "$OUT/idle.txt"
 exit 0

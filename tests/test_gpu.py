@@ -171,6 +171,34 @@ def test_output_sets_hand_out_buffers_only_once_the_caller_let_go(batch: int, co
         config.replace(output_sets=-1)
 
 
+def test_input_copy_node_reads_each_calls_inputs(config) -> None:  # type: ignore[no-untyped-def]
+    """Config.input_copy_node (default): the graph copies its inputs itself, pointed at each call's
+    tensors. Two inputs, padded batches, a non-contiguous input, inputs changed and freed right after
+    the call, and a raw replay of the recorded graphs afterwards: every result equals eager's."""
+    w1, w2 = _fresh((64, 128), 2), _fresh((128, 64), 3)
+    fn = lambda x, y: torch.relu(x @ w1) @ w2 + torch.softmax(y, -1)  # two launches at least: graphs pay
+    compiled = streamfuse.compile(fn, (_fresh((4, 64), 0), _fresh((4, 64), 1)), config)
+    before = streamfuse.compile(fn, (_fresh((4, 64), 0), _fresh((4, 64), 1)), config.replace(input_copy_node=False))
+    assert compiled.use_graphs and before.use_graphs, (compiled.graph_skip, before.graph_skip)
+    for rep, batch in enumerate((4, 3, 4, 1, 4, 2)):
+        x = _fresh((batch, 64), 10 + rep)
+        y = _fresh((64, batch), 20 + rep).T if rep % 2 else _fresh((batch, 64), 20 + rep)  # odd: non-contiguous
+        out, ref = compiled(x, y), fn(x, y)
+        torch.testing.assert_close(before(x, y), ref, rtol=1e-4, atol=1e-4)
+        x.add_(100.0)  # after the call, on the same stream: the graph already read x
+        del x, y
+        torch.cuda.empty_cache()
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    assert compiled.stats["graphs"] == 3  # buckets 4 (batches 4 and 3), 1 and 2
+    assert "inside the graph" in compiled.input_copy(), compiled.input_copy()
+    assert all(r.copy_node_failure is None and r.first.copy_nodes for r in compiled._runners.values())
+    assert "before the replay" in before.input_copy()
+    assert all(not r.first.copy_nodes for r in before._runners.values())
+    for graph in compiled.recorded_graphs().values():  # reads what the last call pointed it at, still held
+        graph.replay()
+    torch.cuda.synchronize()
+
+
 def test_parallel_models_on_gpu(config) -> None:  # type: ignore[no-untyped-def]
     from test_runtime import mlp
 

@@ -193,7 +193,7 @@ def test_cuda_graphs_are_skipped_where_they_cannot_pay_off(config) -> None:  # t
     packed = streamfuse.compile(lambda *xs: [x.relu() * 2 for x in xs], tuple(randn(8, 8, seed=i) for i in range(32)),
                                 config)
     assert packed.stats["kernels"] == 1 and packed.graph_skip is None  # 32 allocations saved per call
-    big = streamfuse.compile(lambda x: torch.softmax(x, -1).sum(0) + 1, (randn(2048, 2048),), config)
+    big = streamfuse.compile(lambda x: torch.softmax(x, -1).sum(0) + 1, (randn(4096, 2048),), config)
     assert "would cost more than the graph saves" in (big.graph_skip or "")
     assert "CUDA graphs: not used" in big.explain(source=False)
     with torch.no_grad():
@@ -236,3 +236,19 @@ def test_output_guard_sees_tensors_and_views_the_caller_keeps() -> None:
     assert guard.held()
     results.clear()
     assert not guard.held()
+
+
+def test_input_copy_nodes_only_where_they_beat_one_batched_copy(config) -> None:  # type: ignore[no-untyped-def]
+    """Config.input_copy_node: one copy-node update per input (~1.8 µs each) against one batched copy
+    (~7 µs): nodes for up to three inputs, the batched copy beyond; the graph-skip cost model agrees."""
+    from streamfuse.runtime.compiled import COPY_CALL_US, COPY_NODE_US, copy_nodes_pay, input_copy_us
+
+    assert [copy_nodes_pay(n) for n in range(6)] == [False, True, True, True, False, False]
+    assert input_copy_us(2, True) == pytest.approx(2 * COPY_NODE_US)
+    assert input_copy_us(2, False) == input_copy_us(8, True) == COPY_CALL_US
+    assert input_copy_us(0, True) == 0.0
+    many = streamfuse.compile(lambda *xs: [x.relu() * 2 for x in xs], tuple(randn(8, 8, seed=i) for i in range(8)),
+                              config)
+    assert "one batched copy of 8 inputs" in many.input_copy()
+    off = streamfuse.compile(lambda x: x.relu(), (randn(8, 8),), config.replace(input_copy_node=False))
+    assert "Config.input_copy_node=False" in off.input_copy()

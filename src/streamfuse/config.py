@@ -142,6 +142,10 @@ class Config:
     graph hand out their own output buffers, an instance only once the caller holds no tensor or
     view of its last outputs; past that, outputs are copied. Each instance holds its own activation
     memory; 0 always copies."""
+    input_copy_node: bool = True
+    """Copy a call's inputs inside its CUDA graph: each graph starts with a memcpy node per input,
+    pointed at the caller's tensors before the replay (one CUDA runtime call per input instead of
+    a separate cudaMemcpyAsync). False copies them before the replay."""
     # --- tuning (tune/) ---------------------------------------------------------------
     calibrate: bool = True
     """On CUDA, measure the device's ceilings once (a few seconds) and cache them in cache_dir; False

@@ -208,7 +208,8 @@ class CompiledGraph:
             self._pool = torch.cuda.graph_pool_handle()
         try:
             runner = GraphRunner(self._variants[padded], self._pool, self._slices[padded],
-                                 self.config.reuse_outputs, self.config.output_sets)
+                                 self.config.reuse_outputs, self.config.output_sets,
+                                 self.config.input_copy_node and copy_nodes_pay(len(self.base.graph.inputs)))
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to stream execution
             self.graph_failure = f"{type(exc).__name__}: {exc}"
             torch.cuda.synchronize(self.device)
@@ -243,6 +244,20 @@ class CompiledGraph:
             "device": str(self.base.device),
         }
 
+    def input_copy(self) -> str:
+        """Where the recorded graphs copy a call's inputs, in words (explain)."""
+        if not self.config.input_copy_node:
+            return "before the replay (Config.input_copy_node=False)"
+        n = len(self.base.graph.inputs)
+        if not copy_nodes_pay(n):
+            return (f"before the replay: one batched copy of {n} inputs costs less than {n} copy-node updates"
+                    if n else "no inputs")
+        failures = {r.copy_node_failure for r in self._runners.values() if r.copy_node_failure}
+        if failures:
+            return "before the replay: " + "; ".join(sorted(failures))
+        return ("inside the graph: a memcpy node per input, pointed at the caller's tensors"
+                if self._runners else "inside the graph, once one is recorded")
+
     def explain(self, source: bool = True) -> str:
         from streamfuse.runtime.explain import explain_plan
 
@@ -260,6 +275,23 @@ DIRECT_LAUNCH_US = 10.0
 """A kernel launched from Python, through streamfuse's direct path or ATen (measured 9.6-14 µs)."""
 COPY_CALL_US = 7.0
 """Host cost of one copy or clone call (benchmarks/host_overhead.py: 6.5 and 7.9 µs)."""
+COPY_NODE_US = 1.8
+"""Host cost of pointing a graph's input copy node at a tensor (Config.input_copy_node;
+benchmarks/host_overhead.py, run 46: 1.8 µs, against 5.9 for a cudaMemcpyAsync)."""
+REPLAY_US = 4.0
+"""Host cost of graph.replay() itself (benchmarks/host_overhead.py: 3.0-4.9 µs)."""
+
+
+def copy_nodes_pay(inputs: int) -> bool:
+    """Pointing one copy node per input costs less than one batched copy of all of them."""
+    return 0 < inputs * COPY_NODE_US < COPY_CALL_US
+
+
+def input_copy_us(inputs: int, copy_node: bool) -> float:
+    """Host cost of bringing `inputs` tensors into a graph's static buffers."""
+    if not inputs:
+        return 0.0
+    return inputs * COPY_NODE_US if copy_node and copy_nodes_pay(inputs) else COPY_CALL_US
 COPY_BYTES_PER_US = 4.2e6 / 2
 """Device copy: bytes read + written at 4.2 TB/s, so each copied byte costs two."""
 ALLOC_US = 2.5
@@ -302,9 +334,10 @@ def graph_skip_reason(exe: Executable) -> str | None:
     if not exe.config.reuse_outputs:
         tensors += exe.graph.output_nodes
     copy_bytes = sum(n.numel * n.itemsize for n in tensors)
-    copies = (1 if exe.graph.inputs else 0) + (0 if exe.config.reuse_outputs else 1)
+    inputs_in = input_copy_us(len(exe.graph.inputs), exe.config.input_copy_node)
     outputs = 0 if exe.config.reuse_outputs else len(exe.graph.output_nodes)
-    cost = copy_bytes / COPY_BYTES_PER_US + copies * COPY_CALL_US + outputs * VIEW_US
+    out_copy = 0.0 if exe.config.reuse_outputs else COPY_CALL_US
+    cost = copy_bytes / COPY_BYTES_PER_US + inputs_in + out_copy + outputs * VIEW_US + REPLAY_US
     if cost > saved:
         what = "one kernel launch" if launches == 1 else f"{launches} launches"
         return (f"copying inputs{'' if exe.config.reuse_outputs else ' and outputs'} ({copy_bytes / 2**20:.1f} MiB, "

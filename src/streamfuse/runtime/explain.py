@@ -151,6 +151,7 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
                    f"buffers once the caller has let go of them, otherwise a copy "
                    f"({compiled.stats['graph_instances']} instance(s) recorded)")
         lines.append(outputs)
+        lines.append(f"inputs: copied {compiled.input_copy()}")
         lines.append(f"CUDA graphs: {compiled.stats['graphs']} recorded (max {compiled.config.max_graphs}); "
                      + ("batch padded up to buckets " + str(list(compiled.config.batch_buckets))
                         if compiled.batch_reason is None else f"batch fixed at {compiled.base_batch}: "

@@ -15,6 +15,16 @@ instances and never copies; a caller that keeps every result (appending to a lis
 from one more instance whose buffers are never handed out. A result is therefore never
 overwritten while the caller can still see it. Outputs that alias an input or a constant are
 always copied.
+
+The input copy inside the graph (Config.input_copy_node): each instance's graph starts with one
+device-to-device memcpy node per input, from a source buffer into the static input. A call points
+those nodes at its own tensors (cudaGraphExecMemcpyNodeSetParams1D, runtime/cudart.py) and replays:
+one host call per input instead of a cudaMemcpyAsync before the replay, which was most of the host
+time of a call (PERF.md session 11). The runner holds the last call's input tensors until the next
+call into
+that instance, so a replay never reads freed memory. Where the nodes cannot be made (no CUDA runtime found
+through ctypes, an input without elements), the call copies as before. A non-contiguous input is
+made contiguous first.
 """
 
 from __future__ import annotations
@@ -25,15 +35,18 @@ from typing import Any
 
 import torch
 
+from streamfuse.runtime import cudart
 from streamfuse.runtime.executable import Executable
 
 _use_count = torch._C._storage_Use_Count
 
 
 class _Instance:
-    """One recorded graph of the runner's plan with its own intermediate and output buffers."""
+    """One recorded graph of the runner's plan with its own intermediate and output buffers;
+    with `sources`, the graph first copies each source into its static input (memcpy nodes)."""
 
-    def __init__(self, exe: Executable, pool: Any, static_inputs: list[torch.Tensor]):
+    def __init__(self, exe: Executable, pool: Any, static_inputs: list[torch.Tensor],
+                 sources: list[torch.Tensor] | None = None):
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
@@ -42,9 +55,25 @@ class _Instance:
                 exe.run(static_inputs)
         caller.wait_stream(warm)
         self.keep_alive: list[Any] = []
-        self.graph = torch.cuda.CUDAGraph()
+        self.graph = torch.cuda.CUDAGraph(keep_graph=sources is not None)
         with torch.cuda.graph(self.graph, pool=pool):
+            if sources is not None:
+                stream = torch.cuda.current_stream(exe.device).cuda_stream
+                for dst, src in zip(static_inputs, sources, strict=True):
+                    cudart.memcpy_d2d_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, stream)
             self.outputs: list[Any] = exe.run(static_inputs, keep_alive=self.keep_alive)
+        self.copy_nodes: list[int] = []
+        self.exec = 0
+        self.held: list[torch.Tensor] = list(sources or [])
+        """What the copy nodes read now (a replay of the graph alone reads them)."""
+        if sources is not None:
+            self.graph.instantiate()
+            nodes = cudart.memcpy_nodes(self.graph.raw_cuda_graph())
+            missing = [i for i, dst in enumerate(static_inputs) if dst.data_ptr() not in nodes]
+            if missing:
+                raise cudart.CudartError(f"no memcpy node for input(s) {missing} in the captured graph")
+            self.copy_nodes = [nodes[dst.data_ptr()] for dst in static_inputs]
+            self.exec = self.graph.raw_cuda_graph_exec()
         self.guard = OutputGuard(self.outputs)
 
 
@@ -68,17 +97,24 @@ class OutputGuard:
 
 class GraphRunner:
     def __init__(self, exe: Executable, pool: Any, batch_slices: Sequence[int | None], reuse_outputs: bool,
-                 output_sets: int = 0):
+                 output_sets: int = 0, input_copy_node: bool = False):
         """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
         batch * that), or None for an output that does not depend on the batch. `output_sets`: how
-        many instances may hand out their own output buffers (Config.output_sets)."""
+        many instances may hand out their own output buffers (Config.output_sets).
+        `input_copy_node`: copy the inputs inside the graph (Config.input_copy_node)."""
         self.exe = exe
         self.pool = pool
         self.reuse_outputs = reuse_outputs
         self.batch_slices = list(batch_slices)
         self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
-        first = _Instance(exe, pool, self.static_inputs)
+        self.copy_node_failure: str | None = None
+        """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
+        self.sources: list[torch.Tensor] | None = None
+        if input_copy_node:
+            self.sources = self._copy_sources()
+        first = self._record_instance()
+        self.first = first
         self.graph = first.graph
         """The first recorded graph (profiling replays it)."""
         self.static_outputs = first.outputs
@@ -87,6 +123,28 @@ class GraphRunner:
         """Instances whose output buffers calls hand out, in recording order."""
         self.copy_source: _Instance | None = None if self.output_sets else first
         """The instance whose outputs are copied (never handed out), recorded when first needed."""
+
+    def _copy_sources(self) -> list[torch.Tensor] | None:
+        if not self.static_inputs:
+            return None
+        if any(s.numel() == 0 for s in self.static_inputs):
+            self.copy_node_failure = "an input has no elements"
+            return None
+        if not cudart.available():
+            self.copy_node_failure = "the CUDA runtime library was not found through ctypes"
+            return None
+        return [torch.zeros_like(s) for s in self.static_inputs]
+
+    def _record_instance(self) -> _Instance:
+        """A new instance; the first whose copy nodes cannot be made turns them off for the runner."""
+        if self.sources is not None:
+            try:
+                return _Instance(self.exe, self.pool, self.static_inputs, self.sources)
+            except Exception as exc:  # noqa: BLE001 - the nodes are an optimization: record without them
+                self.copy_node_failure = f"{type(exc).__name__}: {exc}"
+                self.sources = None
+                torch.cuda.synchronize(self.exe.device)
+        return _Instance(self.exe, self.pool, self.static_inputs)
 
     def _aliases_fixed(self, inst: _Instance) -> bool:
         """Some output shares memory with a static input or a constant: it must be copied."""
@@ -102,29 +160,37 @@ class GraphRunner:
     def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
         """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
         exact = batch == self.padded_batch
-        if len(inputs) == 1:
+        if self.reuse_outputs:
+            self._replay(self.first, inputs, batch, exact)
+            return self._views(self.static_outputs, batch, exact)
+        inst = self._free_instance()
+        if inst is not None:
+            self._replay(inst, inputs, batch, exact)
+            return self._views(inst.outputs, batch, exact)
+        if self.copy_source is None:
+            self.copy_source = self._record_instance()
+        self._replay(self.copy_source, inputs, batch, exact)
+        return fresh_copies(self._views(self.copy_source.outputs, batch, exact))
+
+    def _replay(self, inst: _Instance, inputs: Sequence[torch.Tensor], batch: int, exact: bool) -> None:
+        if inst.copy_nodes:
+            held = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+            for node, dst, x in zip(inst.copy_nodes, self.static_inputs, held, strict=True):
+                cudart.set_memcpy_source(inst.exec, node, dst.data_ptr(), x.data_ptr(), x.nbytes)
+            inst.held = held  # its graph reads them: alive until a call points it elsewhere
+        elif len(inputs) == 1:
             (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])
         elif inputs:
             statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
             torch._foreach_copy_(statics, list(inputs))
-        if self.reuse_outputs:
-            self.graph.replay()
-            return self._views(self.static_outputs, batch, exact)
-        inst = self._free_instance()
-        if inst is not None:
-            inst.graph.replay()
-            return self._views(inst.outputs, batch, exact)
-        if self.copy_source is None:
-            self.copy_source = _Instance(self.exe, self.pool, self.static_inputs)
-        self.copy_source.graph.replay()
-        return fresh_copies(self._views(self.copy_source.outputs, batch, exact))
+        inst.graph.replay()
 
     def _free_instance(self) -> _Instance | None:
         for inst in self.handout:
             if not inst.guard.held():
                 return inst
         if len(self.handout) < self.output_sets:
-            inst = _Instance(self.exe, self.pool, self.static_inputs)
+            inst = self._record_instance()
             self.handout.append(inst)
             return inst
         return None

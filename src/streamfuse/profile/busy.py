@@ -1,0 +1,108 @@
+"""GPU busy time without tracing: NVML's GPU performance monitoring (GPM) counters.
+
+CUPTI's per-kernel tracing stretches a multi-stream CUDA graph (its streams start one after
+another, PERF.md session 11), so the idle time it shows inside such a call is the traced run's.
+GPM (Hopper and later) reads hardware counters over an interval instead: GRAPHICS_UTIL is the share
+of the interval in which any compute work was active on the GPU, with nothing attached to the
+process. `busy_fraction` runs a callable back to back between two GPM samples; the idle share of
+that window, over the busy share, is a gap ratio of the untraced run (it counts the idle between
+calls too, so it bounds the in-call gap from above).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+class GpmUnavailable(RuntimeError):
+    """NVML or its GPM counters are not available on this device (the message says why)."""
+
+
+@dataclass(frozen=True)
+class BusyReading:
+    """What GPM saw over `seconds` of `calls` back-to-back calls."""
+
+    seconds: float
+    calls: int
+    graphics_util: float  # % of the window with compute work active on the GPU
+    sm_util: float  # % of SMs busy, averaged over the window
+    call_us: float  # wall time per call over the window
+
+    @property
+    def gap_ratio(self) -> float:
+        """Idle over busy in the window (idle between calls included)."""
+        busy = self.graphics_util / 100.0
+        return (1.0 - busy) / busy if busy > 0 else float("inf")
+
+
+def _nvml_handle(device_index: int) -> Any:
+    try:
+        import pynvml
+    except ImportError as e:
+        raise GpmUnavailable("nvidia-ml-py (pynvml) is not installed") from e
+    try:
+        pynvml.nvmlInit()
+        import torch
+
+        try:  # CUDA's device order can differ from NVML's (CUDA_VISIBLE_DEVICES)
+            index = torch.cuda._get_nvml_device_index(device_index)
+        except Exception:  # noqa: BLE001 - older torch: NVML order assumed
+            index = device_index
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        support = pynvml.nvmlGpmQueryDeviceSupport(handle)
+    except pynvml.NVMLError as e:
+        raise GpmUnavailable(f"NVML GPM query failed: {e}") from e
+    if not support.isSupportedDevice:
+        raise GpmUnavailable("this GPU has no GPM counters (Hopper or later needed)")
+    return pynvml, handle
+
+
+def _metrics(pynvml: Any, first: Any, second: Any) -> tuple[float, float]:
+    get = pynvml.c_nvmlGpmMetricsGet_t()
+    get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    get.numMetrics = 2
+    get.sample1, get.sample2 = first, second
+    get.metrics[0].metricId = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    get.metrics[1].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    pynvml.nvmlGpmMetricsGet(get)
+    for m in get.metrics[:2]:
+        if m.nvmlReturn != pynvml.NVML_SUCCESS:
+            raise GpmUnavailable(f"GPM metric {m.metricId} failed (NVML return {m.nvmlReturn})")
+    return float(get.metrics[0].value), float(get.metrics[1].value)
+
+
+def busy_fraction(fn: Callable[[], Any], seconds: float = 0.5, device_index: int = 0) -> BusyReading:
+    """Call `fn` back to back for about `seconds` between two GPM samples (synchronized at both
+    ends) and return what the counters saw. Raises GpmUnavailable where GPM can't be read."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    import torch
+
+    pynvml, handle = _nvml_handle(device_index)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    calls = max(20, int(seconds / max((time.perf_counter() - t0) / 10, 1e-7)))
+    first, second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+    try:
+        pynvml.nvmlGpmSampleGet(handle, first)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        pynvml.nvmlGpmSampleGet(handle, second)
+        graphics, sm = _metrics(pynvml, first, second)
+    except pynvml.NVMLError as e:
+        raise GpmUnavailable(f"NVML GPM sampling failed: {e}") from e
+    finally:
+        pynvml.nvmlGpmSampleFree(first)
+        pynvml.nvmlGpmSampleFree(second)
+    return BusyReading(seconds=wall, calls=calls, graphics_util=graphics, sm_util=sm, call_us=wall / calls * 1e6)
