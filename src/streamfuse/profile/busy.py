@@ -1,12 +1,18 @@
-"""GPU busy time without tracing: NVML's GPU performance monitoring (GPM) counters.
+"""GPU busy share without tracing: NVML's GPU performance monitoring (GPM) counters.
 
-CUPTI's per-kernel tracing stretches a multi-stream CUDA graph (its streams start one after
-another, PERF.md session 11), so the idle time it shows inside such a call is the traced run's.
-GPM (Hopper and later) reads hardware counters over an interval instead: GRAPHICS_UTIL is the share
-of the interval in which any compute work was active on the GPU, with nothing attached to the
-process. `busy_fraction` runs a callable back to back between two GPM samples; the idle share of
-that window, over the busy share, is a gap ratio of the untraced run (it counts the idle between
-calls too, so it bounds the in-call gap from above).
+CUPTI's per-kernel tracing can stretch a multi-stream CUDA graph (the first kernels of a graph with
+several root nodes start one after another under it, PERF.md sessions 11-12). GPM (Hopper and
+later) reads hardware counters over an interval instead, with nothing attached to the process:
+GRAPHICS_UTIL is the share of the interval in which the GPU's compute engine was active.
+`busy_fraction` runs a callable back to back between two GPM samples.
+
+What the reading is worth (benchmarks/probe_idle.py, H200, runs 45 and 47, 0.5 s windows): on
+sleep kernels launched at a fixed host period it read 1-7 points above the true busy share (true
+25 / 50 / 80 / 91% read 29-32 / 54-57 / 81-84 / 92-94%); on the same kernels back to back, busy
+by wall time, it read 82-93%; and it counts the launch latency between dependent kernels in a
+graph as active (100 one-microsecond kernels: 3-6% idle by GPM, 25% by CUPTI). So it is a
+coarse engine-activity reading, not the idle time between kernels: `gap_ratio` below is idle
+over busy in that engine sense, idle between calls included.
 """
 
 from __future__ import annotations

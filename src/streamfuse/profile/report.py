@@ -179,10 +179,12 @@ def recommend(report: ProfileReport) -> list[str]:
             out.append(f"Kernel {k.name} reaches {100 * k.bandwidth_fraction:.0f}% of the copy bandwidth while taking "
                        f"{100 * k.total_us / max(t['busy_us'], 1e-9):.0f}% of the busy time: check its access pattern.")
     if t["streams"] > 1 and t["gap_ratio"] > 0.05 and not report.predicted:
-        out.append("Part of this idle time may be the profiler's: CUPTI's per-kernel tracing starts the streams of "
-                   "a CUDA graph one after another (on the H200 a four-stream call spanned 36.7 µs traced against "
-                   "28.5 µs timed without the profiler). Time calls without it for their real duration, and "
-                   "time before profiling: multi-stream graphs stay slower in a process after a profiler session.")
+        out.append("Part of this idle time may be the profiler's: CUPTI's per-kernel tracing starts the first "
+                   "kernels of a CUDA graph's streams one after another when the graph has several root nodes (on "
+                   "the H200 four streams started 7-12 µs apart; with one root node, such as the input copy that "
+                   "streamfuse puts in its graphs, they started within 1 µs). Time calls without the profiler for "
+                   "their real duration, and before profiling: multi-stream graphs stay slower in a process after "
+                   "a profiler session.")
     if t["streams"] <= 1 and t["kernel_count"] > 1 and t["gap_ratio"] > 0.05 and not report.predicted:
         out.append("Everything ran on one stream; independent branches could overlap on several "
                    "(streamfuse schedules them on up to Config.max_streams).")
