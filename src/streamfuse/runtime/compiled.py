@@ -105,8 +105,9 @@ class CompiledGraph:
         elif self.batch_reason is None:
             flat = self._run_bucketed(list(inputs))
         else:
-            self._check_batch(list(inputs))  # errors that say why the batch is fixed
-            flat = self.run_flat(list(inputs))
+            checked = list(inputs)
+            self._check_batch(checked)  # the exact shapes, dtypes and device; errors say why the batch is fixed
+            flat = self.base.run(self.base.contiguous(checked))
         for index, target in self.call.mutated:
             target.copy_(flat[index])
         if self.call.out_spec is None:

@@ -151,16 +151,19 @@ class KernelStep:
         for s, dims in zip(self.in_slots, self.source.input_stride_dims, strict=True):
             t = env[s]
             args.append(t)
-            args.extend(t.stride(d) for d in dims)
+            if dims:
+                strides = t.stride()
+                args += [strides[d] for d in dims]
         outs = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.out_meta]
-        args.extend(outs)
+        args += outs
         if self.rng is not None:
             args += (self.rng.seed, self.rng.offset)
         args += self.scratch
         if self.needs_allocator:
             ensure_allocator()
         if self.direct:
-            key = tuple(_specialization(a) for a in args)
+            key = tuple([a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else _int_specialization(a)
+                         for a in args])
             compiled = self._compiled.get(key)
             if compiled is not None and triton_hooks_unset():
                 grid = self.source.grid
@@ -190,6 +193,10 @@ class KernelStep:
 def _specialization(arg: Any) -> Any:
     if isinstance(arg, torch.Tensor):
         return arg.data_ptr() % 16 == 0
+    return _int_specialization(arg)
+
+
+def _int_specialization(arg: int) -> tuple[bool, bool, bool]:
     return (arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
 
 
