@@ -35,18 +35,6 @@ from streamfuse.profile.timeline import call_gap_ratio, one_call, record_timelin
 from streamfuse.profile.timing import capture_graph, fork_join, time_cuda_us
 
 
-def cycles_per_us() -> float:
-    cycles = 200_000
-    torch.cuda._sleep(cycles)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles * 20 / (start.elapsed_time(end) * 1000.0)
-
-
 def paced(cycles: int, period_us: float) -> Callable[[], None]:
     state = {"next": 0.0}
     period = period_us * 1e-6
@@ -63,16 +51,16 @@ def paced(cycles: int, period_us: float) -> Callable[[], None]:
     return fn
 
 
-def kernel_us(cycles: int) -> float:
-    """One sleep kernel's GPU time: 200 back to back, timed with events."""
+def kernel_us(cycles: int, reps: int = 200) -> float:
+    """One sleep kernel's GPU time: `reps` back to back, timed with events."""
     torch.cuda._sleep(cycles)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(200):
+    for _ in range(reps):
         torch.cuda._sleep(cycles)
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) * 1000.0 / 200
+    return start.elapsed_time(end) * 1000.0 / reps
 
 
 def gpm_row(label: str, fn: Callable[[], Any], rows: list[dict[str, Any]], truth: float | None = None,
@@ -112,7 +100,7 @@ def main() -> int:
     cupti: dict[str, Any] = {}
 
     # 1. calibration with host-paced sleep kernels
-    cpu = cycles_per_us()
+    cpu = 200_000 / kernel_us(200_000, reps=20)  # sleep cycles per µs
     print(f"sleep kernel: {cpu:.0f} cycles/µs")
     for target_us in (100.0, 20.0):
         cycles = int(target_us * cpu)
