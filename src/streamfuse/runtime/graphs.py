@@ -110,9 +110,7 @@ class GraphRunner:
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
         self.copy_node_failure: str | None = None
         """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
-        self.sources: list[torch.Tensor] | None = None
-        if input_copy_node:
-            self.sources = self._copy_sources()
+        self.use_copy_nodes = input_copy_node and self._copy_nodes_possible()
         first = self._record_instance()
         self.first = first
         self.graph = first.graph
@@ -124,25 +122,28 @@ class GraphRunner:
         self.copy_source: _Instance | None = None if self.output_sets else first
         """The instance whose outputs are copied (never handed out), recorded when first needed."""
 
-    def _copy_sources(self) -> list[torch.Tensor] | None:
+    def _copy_nodes_possible(self) -> bool:
         if not self.static_inputs:
-            return None
+            return False
         if any(s.numel() == 0 for s in self.static_inputs):
             self.copy_node_failure = "an input has no elements"
-            return None
+            return False
         if not cudart.available():
             self.copy_node_failure = "the CUDA runtime library was not found through ctypes"
-            return None
-        return [torch.zeros_like(s) for s in self.static_inputs]
+            return False
+        return True
 
     def _record_instance(self) -> _Instance:
         """A new instance; the first whose copy nodes cannot be made turns them off for the runner."""
-        if self.sources is not None:
+        if self.use_copy_nodes:
+            # the sources the nodes are captured with: held by the instance until its first call
+            # points the nodes at the caller's tensors, then freed
+            sources = [torch.zeros_like(s) for s in self.static_inputs]
             try:
-                return _Instance(self.exe, self.pool, self.static_inputs, self.sources)
+                return _Instance(self.exe, self.pool, self.static_inputs, sources)
             except Exception as exc:  # noqa: BLE001 - the nodes are an optimization: record without them
                 self.copy_node_failure = f"{type(exc).__name__}: {exc}"
-                self.sources = None
+                self.use_copy_nodes = False
                 torch.cuda.synchronize(self.exe.device)
         return _Instance(self.exe, self.pool, self.static_inputs)
 
