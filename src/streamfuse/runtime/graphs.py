@@ -17,14 +17,16 @@ overwritten while the caller can still see it. Outputs that alias an input or a 
 always copied.
 
 The input copy inside the graph (Config.input_copy_node): each instance's graph starts with one
-device-to-device memcpy node per input, from a source buffer into the static input. A call points
-those nodes at its own tensors (cudaGraphExecMemcpyNodeSetParams1D, runtime/cudart.py) and replays:
-one host call per input instead of a cudaMemcpyAsync before the replay, which was most of the host
-time of a call (PERF.md session 11). The runner holds the last call's input tensors until the next
-call into
-that instance, so a replay never reads freed memory. Where the nodes cannot be made (no CUDA runtime found
-through ctypes, an input without elements), the call copies as before. A non-contiguous input is
-made contiguous first.
+device-to-device memcpy node per input, into the static input (captured from a scratch source that
+the instance frees after its first call). A call points those nodes at its own tensors
+(cudaGraphExecMemcpyNodeSetParams1D, runtime/cudart.py) and replays: one host call of ~1.8 µs per
+input instead of a cudaMemcpyAsync before the replay, most of a call's host time (PERF.md sessions
+11-12). Each instance holds the tensors its nodes point at until a call points them elsewhere, so
+a replay never reads freed memory. A non-contiguous input is made contiguous first. Where the
+nodes cannot be made (no CUDA runtime found through ctypes, an input without elements, a capture
+that yields no memcpy node), the runner copies before the replay as without them, and says why
+(CompiledGraph.input_copy, explain). With the copy as the graph's single root node, CUPTI no
+longer starts the first kernels of its streams one after another (PERF.md session 12).
 """
 
 from __future__ import annotations
