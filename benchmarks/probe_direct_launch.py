@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import streamfuse
 from streamfuse.profile.timing import host_us_per_call, time_cuda_us
-from streamfuse.runtime.steps import KernelStep, _specialization, triton_hooks_unset
+from streamfuse.runtime.steps import KernelStep, launch_key, triton_hooks_unset
 
 
 def pieces(label: str, fn, inputs: tuple[torch.Tensor, ...]) -> None:  # type: ignore[no-untyped-def]
@@ -38,7 +38,7 @@ def pieces(label: str, fn, inputs: tuple[torch.Tensor, ...]) -> None:  # type: i
         "check_inputs": lambda: compiled.base.check_inputs(list(inputs), compiled.call.input_names),
         "step.run(env)": lambda: step.run(env),
         "torch.empty(out)": lambda: torch.empty(shape, dtype=dtype, device="cuda"),
-        "specialization key": lambda: tuple(_specialization(a) for a in args),
+        "specialization key": lambda: launch_key(args),
         "triton_hooks_unset": triton_hooks_unset,
         "raw stream": lambda: torch._C._cuda_getCurrentRawStream(0),
     }

@@ -252,3 +252,15 @@ def test_input_copy_nodes_only_where_they_beat_one_batched_copy(config) -> None:
     assert "one batched copy of 8 inputs" in many.input_copy()
     off = streamfuse.compile(lambda x: x.relu(), (randn(8, 8),), config.replace(input_copy_node=False))
     assert "Config.input_copy_node=False" in off.input_copy()
+
+
+def test_launch_key_specializes_as_triton_does() -> None:
+    """runtime/steps.launch_key, the direct launch path's cache key: a tensor by 16-byte alignment,
+    an int by (== 1, divisible by 16, within int32); equal keys for launches Triton compiles alike."""
+    from streamfuse.runtime.steps import launch_key
+
+    base = torch.zeros(64)
+    assert launch_key([base, 1, 32, 7, 2**31]) == (True, (True, False, True), (False, True, True),
+                                                   (False, False, True), (False, True, False))
+    assert launch_key([base[1:], 48]) == (False, (False, True, True))  # 4 bytes past an aligned start
+    assert launch_key([base, 4096]) == launch_key([torch.ones(8), 16])

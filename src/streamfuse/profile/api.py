@@ -139,13 +139,11 @@ class _NvmlSampler:
 
     def start(self) -> None:
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
             import torch
 
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
-            self._nvml = pynvml
+            from streamfuse.profile.busy import nvml_device
+
+            self._nvml, self._handle = nvml_device(torch.cuda.current_device())
         except Exception:  # noqa: BLE001 - no NVML (or no permission): report without samples
             return
         self._t0 = time.perf_counter()

@@ -44,20 +44,28 @@ class BusyReading:
         return (1.0 - busy) / busy if busy > 0 else float("inf")
 
 
-def _nvml_handle(device_index: int) -> Any:
+def nvml_device(device_index: int) -> tuple[Any, Any]:
+    """(pynvml, NVML handle) of CUDA device `device_index`, mapped through CUDA_VISIBLE_DEVICES.
+    Raises ImportError without nvidia-ml-py, pynvml.NVMLError where NVML can't be read."""
+    import pynvml
+    import torch
+
+    pynvml.nvmlInit()
+    try:  # CUDA's device order can differ from NVML's (CUDA_VISIBLE_DEVICES)
+        index = torch.cuda._get_nvml_device_index(device_index)
+    except Exception:  # noqa: BLE001 - older torch: NVML order assumed
+        index = device_index
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def _gpm_device(device_index: int) -> tuple[Any, Any]:
     try:
-        import pynvml
+        pynvml, handle = nvml_device(device_index)
     except ImportError as e:
         raise GpmUnavailable("nvidia-ml-py (pynvml) is not installed") from e
+    except Exception as e:
+        raise GpmUnavailable(f"NVML could not be read: {e}") from e
     try:
-        pynvml.nvmlInit()
-        import torch
-
-        try:  # CUDA's device order can differ from NVML's (CUDA_VISIBLE_DEVICES)
-            index = torch.cuda._get_nvml_device_index(device_index)
-        except Exception:  # noqa: BLE001 - older torch: NVML order assumed
-            index = device_index
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         support = pynvml.nvmlGpmQueryDeviceSupport(handle)
     except pynvml.NVMLError as e:
         raise GpmUnavailable(f"NVML GPM query failed: {e}") from e
@@ -87,7 +95,7 @@ def busy_fraction(fn: Callable[[], Any], seconds: float = 0.5, device_index: int
         raise ValueError(f"seconds must be > 0, got {seconds}")
     import torch
 
-    pynvml, handle = _nvml_handle(device_index)
+    pynvml, handle = _gpm_device(device_index)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()

@@ -113,11 +113,10 @@ class GraphRunner:
         self.copy_node_failure: str | None = None
         """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
         self.use_copy_nodes = input_copy_node and self._copy_nodes_possible()
+        self._static_ptrs = [t.data_ptr() for t in self.static_inputs]  # where the copy nodes write
         first = self._record_instance()
         self.first = first
-        self.graph = first.graph
-        """The first recorded graph (profiling replays it)."""
-        self.static_outputs = first.outputs
+        """The first recorded instance: reuse_outputs replays it, profiling replays its graph."""
         self.output_sets = output_sets if not reuse_outputs and not self._aliases_fixed(first) else 0
         self.handout: list[_Instance] = [first] if self.output_sets else []
         """Instances whose output buffers calls hand out, in recording order."""
@@ -157,6 +156,14 @@ class GraphRunner:
         return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in fixed for o in inst.outputs)
 
     @property
+    def graph(self) -> torch.cuda.CUDAGraph:
+        return self.first.graph
+
+    @property
+    def static_outputs(self) -> list[Any]:
+        return self.first.outputs
+
+    @property
     def instances(self) -> int:
         return len(self.handout) + (self.copy_source is not None and self.copy_source not in self.handout)
 
@@ -165,7 +172,7 @@ class GraphRunner:
         exact = batch == self.padded_batch
         if self.reuse_outputs:
             self._replay(self.first, inputs, batch, exact)
-            return self._views(self.static_outputs, batch, exact)
+            return self._views(self.first.outputs, batch, exact)
         inst = self._free_instance()
         if inst is not None:
             self._replay(inst, inputs, batch, exact)
@@ -178,8 +185,8 @@ class GraphRunner:
     def _replay(self, inst: _Instance, inputs: Sequence[torch.Tensor], batch: int, exact: bool) -> None:
         if inst.copy_nodes:
             held = [x if x.is_contiguous() else x.contiguous() for x in inputs]
-            for node, dst, x in zip(inst.copy_nodes, self.static_inputs, held, strict=True):
-                cudart.set_memcpy_source(inst.exec, node, dst.data_ptr(), x.data_ptr(), x.nbytes)
+            for node, dst, x in zip(inst.copy_nodes, self._static_ptrs, held, strict=True):
+                cudart.set_memcpy_source(inst.exec, node, dst, x.data_ptr(), x.nbytes)
             inst.held = held  # its graph reads them: alive until a call points it elsewhere
         elif len(inputs) == 1:
             (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])

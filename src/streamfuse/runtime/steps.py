@@ -162,9 +162,7 @@ class KernelStep:
         if self.needs_allocator:
             ensure_allocator()
         if self.direct:
-            key = tuple([a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else _int_specialization(a)
-                         for a in args])
-            compiled = self._compiled.get(key)
+            compiled = self._compiled.get(key := launch_key(args))
             if compiled is not None and triton_hooks_unset():
                 grid = self.source.grid
                 stream = torch._C._cuda_getCurrentRawStream(self.device.index or 0)
@@ -190,14 +188,11 @@ class KernelStep:
         return self.kernel[self.source.grid](*args, **options, **self.source.constexprs)
 
 
-def _specialization(arg: Any) -> Any:
-    if isinstance(arg, torch.Tensor):
-        return arg.data_ptr() % 16 == 0
-    return _int_specialization(arg)
-
-
-def _int_specialization(arg: int) -> tuple[bool, bool, bool]:
-    return (arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31)
+def launch_key(args: list[Any]) -> tuple[Any, ...]:
+    """How Triton specializes a launch on `args`: a tensor by 16-byte alignment, an int by
+    equal to 1, divisible by 16, and within int32."""
+    return tuple([a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else
+                  (a == 1, a % 16 == 0, -(2**31) <= a < 2**31) for a in args])
 
 
 _knobs: Any = None
