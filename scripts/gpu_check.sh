@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
-#   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma] [idle]
-#   (default: all but idle, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
+#   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
+#   (default: all, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
 #   `epilogue bench tma`)
+# The latest result of each benchmark lives at one path in docs/bench (docs/bench/README.md). Back here,
+#   bash scripts/gpu_check.sh record DIR     (DIR: the folder holding the returned all.tgz)
+# copies each step's log over docs/bench/<step>.txt, and bench/bench.{json,png} and epilogue/epilogue.json
+# over docs/bench/; the previous run's files stay in git history.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = record ]; then
+  archive="${2:?usage: bash scripts/gpu_check.sh record DIR}/all.tgz"
+  tmp=$(mktemp -d)
+  tar xzf "$archive" -C "$tmp" || { rm -rf "$tmp"; exit 1; }
+  for f in epilogue.txt streams.txt host.txt share.txt instances.txt launch.txt bench.txt tma.txt \
+           bench/bench.json bench/bench.png epilogue/epilogue.json; do
+    [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
+  done
+  rm -rf "$tmp"
+  exit 0
+fi
 OUT="${OUT:-gpu-check}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
@@ -29,7 +44,6 @@ step instances 90 python3 benchmarks/graph_instances.py --instances 4 --rounds 4
 step launch 60 python3 benchmarks/launch_rate.py
 step bench 320 streamfuse bench --out "$OUT/bench"
 step tma 120 python3 benchmarks/tma_matmul.py --sizes 4096 512
-step idle 200 python3 benchmarks/probe_idle.py --out "$OUT/idle"
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
 find "$OUT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
@@ -43,5 +57,4 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/launch.txt" ] && cat "$OUT/launch.txt"
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
-[ -f "$OUT/idle.txt" ] && grep -E "GPM|CUPTI|events|cycles" "$OUT/idle.txt"
 exit 0

@@ -17,6 +17,13 @@ import pytest
 from streamfuse import Config
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # a fallback to eager hides a failure of the plan behind right answers: in tests it is an error
+    # (tests of the fallback itself expect the warning with pytest.warns). Added here, not in
+    # pyproject.toml: resolving the class imports triton, which must follow TRITON_INTERPRET above.
+    config.addinivalue_line("filterwarnings", "error::streamfuse.runtime.fallback.StreamfuseFallbackWarning")
+
+
 @pytest.fixture(scope="session")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
     # no tile tuning on the GPU unless a test asks for it (tests/test_tune.py, test_matmul.py): the
@@ -36,3 +43,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-examples", type=int, default=None,
+                     help="programs per family for tests/test_fuzz.py (the long profile; default: the CI budget)")

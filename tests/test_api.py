@@ -96,9 +96,34 @@ def test_bad_call_inputs_raise_value_error_naming_the_input(config, args, messag
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x + y
 
-    compiled = streamfuse.compile(f, (randn(4, 8), randn(4, 8)), config)
+    strict = config.replace(max_specializations=0)  # no plan of its own for another shape or dtype
+    compiled = streamfuse.compile(f, (randn(4, 8), randn(4, 8)), strict)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         compiled(*args)
+
+
+def test_new_shapes_and_dtypes_get_their_own_plan(config) -> None:  # type: ignore[no-untyped-def]
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * y, dim=-1).sum(0)  # batch rows are not independent: no padding
+
+    compiled = streamfuse.compile(f, (randn(4, 8, seed=1), randn(4, 8, seed=2)), config.replace(max_specializations=2))
+    calls = [(randn(3, 5, seed=3), randn(3, 5, seed=4)), (randn(4, 8, seed=5), randn(4, 8, seed=6).double()),
+             (randn(6, 7, seed=7), randn(6, 7, seed=8)), (randn(3, 5, seed=9), randn(3, 5, seed=10))]
+    for x, y in calls:
+        out = compiled(x, y)
+        torch.testing.assert_close(out, f(x, y), rtol=1e-5, atol=1e-6)
+    assert compiled.stats["specializations"] == 2  # three signatures seen, the least recently used evicted
+    assert all(isinstance(s, streamfuse.CompiledGraph) for s in compiled.specializations.values())
+
+
+def test_wrong_shape_for_the_model_raises_eager_error(config) -> None:  # type: ignore[no-untyped-def]
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x + y
+
+    compiled = streamfuse.compile(f, (randn(4, 8), randn(4, 8)), config)
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="runs eagerly"), \
+            pytest.raises(RuntimeError, match="size of tensor"):
+        compiled(randn(4, 8), randn(4, 9))  # eager's own error, as without streamfuse
 
 
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]

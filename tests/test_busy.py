@@ -1,5 +1,6 @@
 """profile/busy.py: the GPM reading's arithmetic and its refusals, against a stand-in NVML (the
-real counters are read on the device machine by benchmarks/probe_idle.py)."""
+real counters were read on the device machine by benchmarks/probe_idle.py, now in git history:
+docs/PERF.md session 12)."""
 
 from __future__ import annotations
 

@@ -117,6 +117,7 @@ def test_padding_to_a_bucket_gives_eager_results(config) -> None:  # type: ignor
 
 
 def test_bad_batches_and_shapes_give_clear_errors(config) -> None:  # type: ignore[no-untyped-def]
+    config = config.replace(max_specializations=0)  # strict: no plan of its own for another shape
     with torch.no_grad():
         compiled = streamfuse.compile(mlp(), (randn(2, 16),), config)
         with pytest.raises(ValueError, match="batch 65 exceeds the largest batch bucket 64"):
@@ -127,6 +128,23 @@ def test_bad_batches_and_shapes_give_clear_errors(config) -> None:  # type: igno
         with pytest.raises(ValueError, match="batch size is fixed at 4: .*reduces over the batch"):
             fixed(randn(5, 8))
         torch.testing.assert_close(fixed(randn(4, 8, seed=3)), (lambda x: x - x.mean(0, keepdim=True))(randn(4, 8, seed=3)))
+
+
+def test_batches_past_the_buckets_and_fixed_batches_get_their_own_plan(config) -> None:  # type: ignore[no-untyped-def]
+    def center(x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(0, keepdim=True)  # reduces over the batch: no padding
+
+    with torch.no_grad():
+        model = mlp()
+        compiled = streamfuse.compile(model, (randn(2, 16),), config.replace(batch_buckets=(1, 2, 4)))
+        for batch in (3, 5, 9):  # 3 pads to bucket 4; 5 and 9 exceed the largest bucket
+            x = randn(batch, 16, seed=batch)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        assert compiled.stats["specializations"] == 2
+        fixed = streamfuse.compile(center, (randn(4, 8),), config)
+        x = randn(5, 8, seed=5)
+        torch.testing.assert_close(fixed(x), center(x), rtol=1e-5, atol=1e-6)
+        assert fixed.stats["specializations"] == 1
 
 
 def test_parallel_models_match_eager_and_use_one_stream_each(config) -> None:  # type: ignore[no-untyped-def]

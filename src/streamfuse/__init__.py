@@ -20,6 +20,7 @@ from streamfuse.fusion.resources import occupancy
 from streamfuse.profile.api import predict
 from streamfuse.profile.api import profile as _profile
 from streamfuse.runtime.compiled import CallSpec, CompiledGraph
+from streamfuse.runtime.fallback import EagerFallback, StreamfuseFallbackWarning
 from streamfuse.runtime.parallel import ParallelModels, parallel
 
 __version__ = "0.1.0"
@@ -30,20 +31,42 @@ def compile(
     model: torch.nn.Module | Callable[..., Any],
     example_inputs: Any,
     config: Config | None = None,
-) -> CompiledGraph:
+) -> CompiledGraph | EagerFallback:
     """Capture `model` on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
-    takes the same positional tensors (same shapes, dtypes, device) and returns what model returns."""
-    from streamfuse.capture.export import Captured, capture, normalize_inputs
+    takes positional tensors like `example_inputs` and returns what model returns. A call with other
+    shapes or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be
+    captured or planned runs eagerly (an EagerFallback, with one warning naming the reason)."""
+    if config is not None and not isinstance(config, Config):
+        raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
+    if not callable(model):
+        raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
+    from streamfuse.capture.export import normalize_inputs
+
+    return _compile_for(model, normalize_inputs(example_inputs), config or Config())
+
+
+def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph | EagerFallback:
+    import time
+
+    from streamfuse.runtime.fallback import failure_text
+
+    start = time.perf_counter()
+    try:
+        compiled = _build(model, inputs, config)
+    except Exception as exc:  # noqa: BLE001 - a model eager runs never fails to "compile"
+        return EagerFallback(model, f"capture or planning failed: {failure_text(exc)}")
+    compiled.compile_s = time.perf_counter() - start
+    return compiled
+
+
+def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph:
+    from streamfuse.capture.export import Captured, capture
     from streamfuse.ir.fold import FoldCache, fold_batchnorm
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import Graph
     from streamfuse.runtime.compiled import build
     from streamfuse.runtime.executable import build_executable, graph_device
 
-    if config is not None and not isinstance(config, Config):
-        raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
-    config = config or Config()
-    inputs = normalize_inputs(example_inputs)
     folds = FoldCache()
 
     def convert(cap: Captured) -> Graph:
@@ -61,14 +84,20 @@ def compile(
         """The same model captured at another batch size (a batch bucket)."""
         return build_executable(convert(capture(model, tuple(examples))), config, device)
 
+    def specialize(examples: tuple[torch.Tensor, ...]) -> CompiledGraph | EagerFallback:
+        """The same model compiled for inputs of other shapes or dtypes."""
+        return _compile_for(model, examples, config.replace(max_specializations=0))
+
     call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
-    return build(graph, config, device, call, recapture=None if captured.mutated else recapture)
+    return build(graph, config, device, call, recapture=None if captured.mutated else recapture,
+                 specialize=specialize, eager=model)
+
 
 register()
 
 profile = _profile  # the function shadows the subpackage's attribute on purpose: streamfuse.profile()
 
 __all__ = [
-    "CompiledGraph", "Config", "ParallelModels", "backend", "compile", "make_backend", "occupancy", "parallel",
+    "CompiledGraph", "Config", "EagerFallback", "ParallelModels", "StreamfuseFallbackWarning", "backend", "compile", "make_backend", "occupancy", "parallel",
     "predict", "profile",
 ]

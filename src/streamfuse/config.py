@@ -134,6 +134,11 @@ class Config:
     independent along dim 0 (otherwise only the compiled shape is accepted)."""
     max_graphs: int = 8
     """At most this many recorded graphs; the least recently used is evicted."""
+    max_specializations: int = 8
+    """A call whose input shapes (beyond a batch that pads to a bucket) or dtypes differ from the
+    compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model
+    again; the torch.compile backend traces Dynamo's graph at the concrete sizes). At most this many
+    are kept, least recently used out; 0 makes such a call a ValueError instead."""
     reuse_outputs: bool = False
     """True returns the graph's own output buffers (zero-copy), overwritten by the next call;
     False (default) returns fresh tensors."""
@@ -205,6 +210,8 @@ class Config:
             raise ValueError(f"Config.max_occupancy_drop must be in [0, 1], got {self.max_occupancy_drop}")
         if self.autotune_budget_s <= 0:
             raise ValueError(f"Config.autotune_budget_s must be > 0, got {self.autotune_budget_s}")
+        if not isinstance(self.max_specializations, int) or self.max_specializations < 0:
+            raise ValueError(f"Config.max_specializations must be an int >= 0, got {self.max_specializations!r}")
         if not isinstance(self.output_sets, int) or self.output_sets < 0:
             raise ValueError(f"Config.output_sets must be an int >= 0, got {self.output_sets!r}")
         if self.fusion_fuel is not None and self.fusion_fuel < 0:

@@ -2,29 +2,153 @@
 
 AOTAutograd hands forward (and, when training, backward) aten graphs to the same compiler,
 so backward graphs arrive the same way as forward ones.
+
+Three things keep this path from ever failing where eager runs:
+- AOTAutograd compiles under its FakeTensorMode. Planning reads only metadata; what a plan
+  allocates once (split-K scratch, hoisted views) and any tuning on the GPU needs real tensors,
+  so fake mode is lifted while a plan is built. Nothing reads the example inputs' data.
+- Symbolic sizes: once Dynamo has seen a dimension change it marks it dynamic and hands over a
+  graph with SymInt sizes. Dynamo's guards decide when that graph applies; within it, each
+  concrete input signature gets its own plan, traced from the graph at those sizes and built on
+  first use (at most Config.max_specializations, least recently used out).
+- A graph that cannot be converted or planned runs as AOTAutograd handed it (ATen), with one
+  warning naming the reason; so does a plan that fails on its first call (runtime/compiled.py).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
 from streamfuse.config import Config
 from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.executable import graph_device
+from streamfuse.runtime.fallback import failure_text, warn_fallback
 
-compiled_graphs: list[CompiledGraph] = []
-"""The graphs compiled through the backend in this process, newest last (for explain/tests)."""
+compiled_graphs: list[Any] = []
+"""What the backend compiled in this process, newest last (CompiledGraph, SymbolicGraph or
+EagerGraph; for explain and tests)."""
+
+
+def _is_symbolic(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return True
+        if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in (*val.shape, *val.stride())):
+            return True
+    return False
+
+
+def _eager(gm: torch.fx.GraphModule) -> Any:
+    def run(*args: Any) -> list[Any]:
+        return list(gm(*args))
+
+    return run
+
+
+class EagerGraph:
+    """A graph the backend could not compile: it runs as AOTAutograd handed it."""
+
+    def __init__(self, gm: torch.fx.GraphModule, reason: str):
+        self.gm = gm
+        self.reason = reason
+        warn_fallback("a graph handed to the streamfuse backend", reason)
+        self._run = _eager(gm)
+
+    def run_flat(self, args: list[Any]) -> list[Any]:
+        return self._run(*args)
+
+    def explain(self, source: bool = True) -> str:
+        return f"this graph runs eagerly (ATen): {self.reason}\n"
+
+
+class SymbolicGraph:
+    """A graph with symbolic sizes: one CompiledGraph per concrete input signature, each traced from
+    the graph at those sizes (make_fx on fake tensors, so no data is read) and built on first use."""
+
+    def __init__(self, gm: torch.fx.GraphModule, config: Config):
+        self.gm = gm
+        self.config = config
+        self.plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self.built = 0
+        """Plans built so far (evicted ones included): the number of compilations."""
+
+    def run_flat(self, args: list[Any]) -> list[Any]:
+        key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
+                    for a in args)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self._specialize(args)
+            self.plans[key] = plan
+            while len(self.plans) > max(1, self.config.max_specializations):
+                self.plans.popitem(last=False)
+        else:
+            self.plans.move_to_end(key)
+        return plan.run_flat([a for a in args if isinstance(a, torch.Tensor)])
+
+    def _specialize(self, args: list[Any]) -> Any:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        self.built += 1
+        tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+        def at_these_sizes(*tensors: torch.Tensor) -> Any:
+            full = list(args)
+            for i, t in zip(tensor_at, tensors, strict=True):
+                full[i] = t
+            return self.gm(*full)
+
+        tensors = [args[i] for i in tensor_at]
+        try:
+            with unset_fake_temporarily():
+                traced = make_fx(at_these_sizes, tracing_mode="fake")(*tensors)
+        except Exception as exc:  # noqa: BLE001 - trace failure: this signature runs eagerly
+            return _TensorArgs(EagerGraph(self.gm, f"tracing at concrete sizes failed: {failure_text(exc)}"),
+                               args, tensor_at)
+        return compile_graph(traced, tensors, self.config)
+
+    def explain(self, source: bool = True) -> str:
+        parts = [f"graph with symbolic sizes: {len(self.plans)} concrete plan(s) kept, {self.built} built"]
+        parts += [p.explain(source) for p in self.plans.values()]
+        return "\n".join(parts)
+
+
+class _TensorArgs:
+    """Runs an EagerGraph of the symbolic graph from the tensor arguments alone (the sizes fixed)."""
+
+    def __init__(self, inner: EagerGraph, args: list[Any], tensor_at: list[int]):
+        self.inner, self.args, self.tensor_at = inner, list(args), tensor_at
+
+    def run_flat(self, tensors: list[Any]) -> list[Any]:
+        full = list(self.args)
+        for i, t in zip(self.tensor_at, tensors, strict=True):
+            full[i] = t
+        return self.inner.run_flat(full)
+
+    def explain(self, source: bool = True) -> str:
+        return self.inner.explain(source)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Any:
+    """A static-shape aten graph -> CompiledGraph (or EagerGraph with the reason it could not be built)."""
+    try:
+        graph = graph_from_fx(gm)
+        with unset_fake_temporarily():
+            return build(graph, config, graph_device(graph, example_inputs), eager=_eager(gm))
+    except Exception as exc:  # noqa: BLE001 - never fail where eager runs
+        return EagerGraph(gm, f"conversion or planning failed: {failure_text(exc)}")
 
 
 def _compiler(config: Config) -> Any:
     def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        graph = graph_from_fx(gm)
-        compiled = build(graph, config, graph_device(graph, example_inputs))
+        compiled = SymbolicGraph(gm, config) if _is_symbolic(gm) else compile_graph(gm, example_inputs, config)
         compiled_graphs.append(compiled)
 
         def run(args: list[Any]) -> list[Any]:
@@ -52,3 +176,7 @@ def register() -> None:
 
     if "streamfuse" not in _BACKENDS or _BACKENDS.get("streamfuse") is None:
         register_backend(compiler_fn=streamfuse_backend, name="streamfuse")
+
+
+__all__ = ["CompiledGraph", "EagerGraph", "SymbolicGraph", "compile_graph", "make_backend", "register",
+           "streamfuse_backend"]

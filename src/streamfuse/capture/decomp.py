@@ -23,7 +23,8 @@ _EXTRA = [
     aten.native_layer_norm,
     aten.gelu_backward,
 ]
-_KEEP_WHOLE = [aten.var_mean, aten.var, aten.gelu]
+_KEEP_WHOLE = [aten.var_mean, aten.var, aten.gelu, aten.scaled_dot_product_attention,
+               aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_attention_math]
 
 
 @functools.cache

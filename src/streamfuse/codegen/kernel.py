@@ -29,6 +29,7 @@ from streamfuse.ir.indexing import (
     Index,
     broadcast_index,
     concat_parts,
+    contiguous_strides,
     delinearize,
     linearize,
     pool_params,
@@ -78,6 +79,16 @@ class KernelSource:
     """Builds tensor descriptors on the device (the matmul template with Config.matmul_tma): its
     launches need Triton's global-scratch allocator (runtime/steps.ensure_allocator)."""
 
+    output_strides: list[tuple[int, ...] | None] = field(default_factory=list)
+    """For each output, the strides the kernel stores it with (store_strides), None for row-major."""
+
+    def output_tensors(self, device: torch.device) -> list[torch.Tensor]:
+        """Fresh (uninitialised) outputs for one launch, in the layout the kernel stores."""
+        strides = self.output_strides or [None] * len(self.outputs)
+        return [torch.empty(o.shape, dtype=o.dtype, device=device) if st is None else
+                torch.empty_strided(o.shape, st, dtype=o.dtype, device=device)
+                for o, st in zip(self.outputs, strides, strict=True)]
+
     def scratch_tensors(self, device: torch.device) -> list[torch.Tensor]:
         return [torch.zeros(max(1, numel), dtype=dtype, device=device) for numel, dtype in self.scratch]
 
@@ -123,6 +134,35 @@ def _generate_pointwise(group: Group, config: Config, target: str, pdl: bool) ->
                      constexprs={"BLOCK": block})
 
 
+def store_strides(node: Node) -> tuple[int, ...] | None:
+    """The strides a generated kernel writes `node` with: its traced strides where they are a dense
+    permutation other than row-major (SDPA's transposed operands, a permuted result), so that the
+    tensor has the layout the traced graph recorded and the ATen ops after it (views above all)
+    see what they saw at trace time; None for row-major (or a layout with gaps or overlaps, which
+    a fresh tensor never needs)."""
+    shape, strides = node.shape, node.strides
+    if len(strides) != len(shape) or strides == contiguous_strides(shape):
+        return None
+    dims = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
+    expected = 1
+    for d in reversed(dims):
+        if strides[d] != expected:
+            return None
+        expected *= shape[d]
+    live = [d for d in range(len(shape)) if shape[d] != 1]
+    return None if [strides[d] for d in live] == [contiguous_strides(shape)[d] for d in live] else strides
+
+
+def store_offset(index: Index, node: Node) -> Expr:
+    """Where element `index` of output `node` lies in memory (store_strides; row-major otherwise)."""
+    strides = store_strides(node) or contiguous_strides(node.shape)
+    out = ZERO
+    for e, st, size in zip(index, strides, node.shape, strict=True):
+        if size != 1:
+            out = out + e * st
+    return out
+
+
 def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset: int) -> None:
     """Lines computing and storing `group`'s outputs for the tile of program `pid`."""
     n = math.prod(group.shape)
@@ -134,7 +174,12 @@ def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset:
     index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
     for j, out in enumerate(group.outputs):
         v = em.value(out, index)
-        em.store(f"out{out_offset + j}_ptr + offs", store_cast(v, out), em.mask_for(frozenset({"offs"})))
+        if store_strides(out) is None:
+            offset = "offs"
+        else:  # the traced layout: the element's own coordinates in the output's shape
+            own = index if out.shape == group.shape else delinearize(Expr.var("offs"), out.shape)
+            offset = store_offset(own, out).text
+        em.store(f"out{out_offset + j}_ptr + {offset}", store_cast(v, out), em.mask_for(frozenset({"offs"})))
 
 
 def _generate_horizontal(group: Group, config: Config, target: str, pdl: bool) -> KernelSource:
@@ -186,10 +231,12 @@ def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, targ
     for j, out in enumerate(group.outputs):
         if out.shape == dom.shape:
             v = em.value(out, full)
-            offset, deps = linearize(full, dom.shape).text, frozenset({"rows", "cols"})
+            offset, deps = store_offset(full, out).text, frozenset({"rows", "cols"})
         else:
-            v = em.value(out, _row_index(full, dom, out.shape))
-            offset, deps = "rows", frozenset({"rows"})
+            row = _row_index(full, dom, out.shape)
+            v = em.value(out, row)
+            offset = "rows" if store_strides(out) is None else store_offset(row, out).text
+            deps = frozenset({"rows"})
         em.store(f"out{j}_ptr + {offset}", store_cast(v, out), em.mask_for(deps))
     return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
                      grid=(math.ceil(m / block_m),), num_warps=num_warps,
@@ -462,4 +509,5 @@ class Emitter:
         return KernelSource(fn_name=fn_name, source=source, inputs=list(self.group.inputs),
                             input_stride_dims=stride_dims, outputs=list(self.group.outputs), grid=grid,
                             num_warps=num_warps, constexprs=constexprs, ops=ops, num_stages=num_stages,
-                            rng=self.uses_rng, pdl=self.pdl)
+                            rng=self.uses_rng, pdl=self.pdl,
+                            output_strides=[store_strides(o) for o in self.group.outputs])

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from streamfuse.codegen.kernel import INT32_LIMIT, Emitter, KernelSource, needs_int64, store_cast
+from streamfuse.codegen.kernel import INT32_LIMIT, Emitter, KernelSource, needs_int64, store_cast, store_strides
 from streamfuse.codegen.pointwise_ops import Operand
 from streamfuse.codegen.types import TL_DTYPE
 from streamfuse.config import Config
@@ -145,14 +145,24 @@ def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = Fa
         *([] if prefetch else tile_lines),
     ]
     em.fixed[mm] = _product(em, mm, tile_index)
-    for j, out in enumerate(group.outputs):
+    layouts = [_store_layout(out, batched) for out in group.outputs]
+    for j, (out, strides) in enumerate(zip(group.outputs, layouts, strict=True)):
         v = em.value(out, _index_in(em, out.shape, tile_index))
-        em.store(f"out{j}_ptr + rm * {n} + rn", store_cast(v, out), "mask")
+        offset = f"rm * {n} + rn" if strides is None else f"rm * {strides[0]} + rn * {strides[1]}"
+        em.store(f"out{j}_ptr + {offset}", store_cast(v, out), "mask")
     em.lines[body_start:] = [f"    {line}" for line in em.lines[body_start:]]  # under `if last:`
     em.scratch_params = SCRATCH_PARAMS
     source = em.finish("mm", TILE_PARAMS, grid=(1,), num_warps=4, constexprs={})
     source.descriptors = layout is not None
+    source.output_strides = layouts
     return source
+
+
+def _store_layout(out: Node, batched: bool) -> tuple[int, ...] | None:
+    """The strides the template stores output `out` with: the traced layout of a two-dimensional
+    output (store_strides), row-major otherwise (None)."""
+    strides = store_strides(out)
+    return strides if strides is not None and not batched and len(out.shape) == 2 else None
 
 
 def tma_layout(mm: Node) -> str | None:

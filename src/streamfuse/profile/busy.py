@@ -6,13 +6,13 @@ later) reads hardware counters over an interval instead, with nothing attached t
 GRAPHICS_UTIL is the share of the interval in which the GPU's compute engine was active.
 `busy_fraction` runs a callable back to back between two GPM samples.
 
-What the reading is worth (benchmarks/probe_idle.py, H200, runs 45 and 47, 0.5 s windows): on
-sleep kernels launched at a fixed host period it read 1-7 points above the true busy share (true
-25 / 50 / 80 / 91% read 29-32 / 54-57 / 81-84 / 92-94%); on the same kernels back to back, busy
-by wall time, it read 82-93%; and it counts the launch latency between dependent kernels in a
-graph as active (100 one-microsecond kernels: 3-6% idle by GPM, 25% by CUPTI). So it is a
-coarse engine-activity reading, not the idle time between kernels: `gap_ratio` below is idle
-over busy in that engine sense, idle between calls included.
+What the reading is worth (benchmarks/probe_idle.py, now in git history; docs/PERF.md session 12;
+H200, runs 45 and 47, 0.5 s windows): on sleep kernels launched at a fixed host period it read 1-7
+points above the true busy share (true 25 / 50 / 80 / 91% read 29-32 / 54-57 / 81-84 / 92-94%); on
+the same kernels back to back, busy by wall time, it read 82-93%; and it counts the launch latency
+between dependent kernels in a graph as active (100 one-microsecond kernels: 3-6% idle by GPM, 25%
+by CUPTI). So it is a coarse engine-activity reading, not the idle time between kernels:
+`gap_ratio` below is idle over busy in that engine sense, idle between calls included.
 """
 
 from __future__ import annotations

@@ -21,10 +21,13 @@ import torch.utils._pytree as pytree
 from streamfuse.config import Config
 from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.runtime.executable import Executable, build_executable, raise_bad_input
+from streamfuse.runtime.executable import BadInput, Executable, InputMismatch, build_executable, raise_bad_input
+from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graphs import GraphRunner
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
+Specialize = Callable[[tuple[torch.Tensor, ...]], Any]
+"""Inputs of a new shape or dtype -> a compiled model for them (CompiledGraph or EagerFallback)."""
 
 
 @dataclass
@@ -40,17 +43,31 @@ class CallSpec:
 
 
 def build(graph: Graph, config: Config, device: torch.device, call: CallSpec | None = None,
-          recapture: Recapture | None = None) -> CompiledGraph:
-    return CompiledGraph(build_executable(graph, config, device), call or CallSpec(), recapture)
+          recapture: Recapture | None = None, specialize: Specialize | None = None,
+          eager: Callable[..., Any] | None = None) -> CompiledGraph:
+    return CompiledGraph(build_executable(graph, config, device), call or CallSpec(), recapture, specialize, eager)
 
 
 class CompiledGraph:
     """A captured, planned and generated graph. Call it like the model it came from."""
 
-    def __init__(self, base: Executable, call: CallSpec, recapture: Recapture | None = None):
+    def __init__(self, base: Executable, call: CallSpec, recapture: Recapture | None = None,
+                 specialize: Specialize | None = None, eager: Callable[..., Any] | None = None):
         self.base = base
+        self.eager = eager
+        """The model itself (or the graph handed to the backend): what runs if the plan fails on its
+        first call with anything but bad input."""
+        self.eager_reason: str | None = None
+        """Why calls run `eager` instead of the plan, or None."""
+        self._proven = eager is None
         self.call = call
         self.recapture = recapture
+        self.specialize = specialize if base.config.max_specializations > 0 else None
+        """Builds the model for inputs whose shapes (beyond a padded batch) or dtypes differ."""
+        self.specializations: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        """Input signature -> the model compiled for it, least recently used first."""
+        self.compile_s: float | None = None
+        """Seconds the compile of this plan took (set by streamfuse.compile)."""
         self.config = base.config
         self.graph_failure: str | None = None
         """Why CUDA-graph capture failed (the calls then run on streams), or None."""
@@ -100,14 +117,43 @@ class CompiledGraph:
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *inputs: Any) -> Any:
-        if self.use_graphs and self.graph_failure is None and not _capturing():
-            flat = self._replay(inputs)
-        elif self.batch_reason is None:
-            flat = self._run_bucketed(list(inputs))
-        else:
-            checked = list(inputs)
-            self._check_batch(checked)  # the exact shapes, dtypes and device; errors say why the batch is fixed
-            flat = self.base.run(self.base.contiguous(checked))
+        if self._proven:
+            return self._call(inputs)
+        return self._first_calls(self._call, inputs)
+
+    def _first_calls(self, call: Callable[[Any], Any], inputs: Any) -> Any:
+        """Until a call succeeds, a failure of the plan (a kernel that does not compile, an op that
+        fails on the runtime layout) is caught: the model then runs eagerly from now on, with one
+        warning naming the reason. Bad input still raises."""
+        if self.eager_reason is not None:
+            return self.eager(*inputs)  # type: ignore[misc]
+        try:
+            out = call(inputs)
+        except BadInput:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never fail where eager runs
+            self.eager_reason = f"the compiled plan failed on its first call: {failure_text(exc)}"
+            warn_fallback("the model", self.eager_reason)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            return self.eager(*inputs)  # type: ignore[misc]
+        self._proven = True
+        return out
+
+    def _call(self, inputs: tuple[Any, ...]) -> Any:
+        try:
+            if self.use_graphs and self.graph_failure is None and not _capturing():
+                flat = self._replay(inputs)
+            elif self.batch_reason is None:
+                flat = self._run_bucketed(list(inputs))
+            else:
+                checked = list(inputs)
+                self._check_batch(checked)  # the exact shapes, dtypes and device; errors say why the batch is fixed
+                flat = self.base.run(self.base.contiguous(checked))
+        except InputMismatch:
+            if self.specialize is None:
+                raise
+            return self._specialization(inputs)(*inputs)
         for index, target in self.call.mutated:
             target.copy_(flat[index])
         if self.call.out_spec is None:
@@ -120,6 +166,11 @@ class CompiledGraph:
 
     def run_flat(self, inputs: list[Any]) -> list[Any]:
         """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out."""
+        if not self._proven:
+            return self._first_calls(lambda args: self._run_flat(list(args)), inputs)
+        return self._run_flat(inputs)
+
+    def _run_flat(self, inputs: list[Any]) -> list[Any]:
         if self.config.check_inputs:
             inputs = self.base.check_inputs(inputs, self.call.input_names)
         return self.base.run(inputs)
@@ -147,7 +198,7 @@ class CompiledGraph:
         if runner is None:
             runner = self._record(padded)
             if runner is None:  # capture failed: run on streams from now on
-                return self.run_flat(list(inputs))
+                return self._run_flat(list(inputs))
         else:
             self._runners.move_to_end(padded)
         return runner(inputs, batch)
@@ -155,7 +206,7 @@ class CompiledGraph:
     def _check_batch(self, inputs: Sequence[Any]) -> int:
         expected = self.base.graph.inputs
         if len(inputs) != len(expected):
-            raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
+            raise BadInput(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
         if not inputs:
             return 0
         first = inputs[0]
@@ -176,16 +227,34 @@ class CompiledGraph:
                                 self.call.input_names, note)
         return batch
 
+    def _specialization(self, inputs: Sequence[Any]) -> Any:
+        """The model compiled for these inputs' shapes and dtypes: built on first use, at most
+        Config.max_specializations kept (least recently used out)."""
+        key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
+        found = self.specializations.get(key)
+        if found is not None:
+            self.specializations.move_to_end(key)
+            return found
+        found = self.specialize(tuple(inputs))  # type: ignore[misc]
+        self.specializations[key] = found
+        while len(self.specializations) > self.config.max_specializations:
+            self.specializations.popitem(last=False)
+        return found
+
     def _bucket(self, batch: int) -> int:
         buckets = self.config.batch_buckets
         if batch > buckets[-1]:
-            raise ValueError(f"input 0: batch {batch} exceeds the largest batch bucket {buckets[-1]}; "
-                             f"add a bucket with Config(batch_buckets=...)")
+            raise InputMismatch(f"input 0: batch {batch} exceeds the largest batch bucket {buckets[-1]}; "
+                                f"add a bucket with Config(batch_buckets=...)")
         if batch < 1:
-            raise ValueError(f"input 0: batch {batch} must be at least 1")
+            raise InputMismatch(f"input 0: batch {batch} must be at least 1")
         padded = next(b for b in buckets if b >= batch)
         if padded not in self._variants:
-            self._add_variant(padded)
+            try:
+                self._add_variant(padded)
+            except Exception as exc:  # noqa: BLE001 - the batch cannot be padded: it gets its own plan
+                self.batch_reason = f"batch {padded} could not be built ({type(exc).__name__}: {exc})"[:300]
+                raise InputMismatch(self.batch_reason) from exc
         return padded
 
     def _add_variant(self, padded: int) -> None:
@@ -241,6 +310,8 @@ class CompiledGraph:
             "events": self.base.schedule.events,
             "graphs": len(self._runners),
             "graph_instances": sum(r.instances for r in self._runners.values()),
+            "specializations": len(self.specializations),
+            "compile_s": self.compile_s,
             "executor": self.base.executor,
             "device": str(self.base.device),
         }

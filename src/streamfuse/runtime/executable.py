@@ -259,7 +259,7 @@ class Executable:
         """Inputs as the plan expects them, or ValueError naming the bad one."""
         expected = self.graph.inputs
         if len(inputs) != len(expected):
-            raise ValueError(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
+            raise BadInput(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
         checked = inputs if isinstance(inputs, list) else list(inputs)
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
             if (not isinstance(t, torch.Tensor) or t.shape != node.shape or t.dtype != node.dtype
@@ -299,19 +299,32 @@ class Executable:
         return sum(1 for g in self.plan.groups if g.kind is not GroupKind.ALIAS)
 
 
+class BadInput(ValueError):
+    """A call's inputs do not fit the compiled plan (the message names the input and what was expected)."""
+
+
+class InputMismatch(BadInput):
+    """A call's tensor differs from the compiled one in shape, dtype or device (a plan for it may be
+    built: CompiledGraph's specializations)."""
+
+
 def raise_bad_input(i: int, t: Any, node: Node, device: torch.device, names: Sequence[str] | None,
                     batch_note: str = "") -> None:
     name = names[i] if names else node.name
     where = f"input {i} ({name})"
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{where}: expected a {node.dtype} tensor of shape {tuple(node.shape)} on "
-                         f"{device}, got {type(t).__name__}")
+    if isinstance(t, torch.Tensor):
+        _raise_mismatch(where, t, node, device, batch_note)
+    raise BadInput(f"{where}: expected a {node.dtype} tensor of shape {tuple(node.shape)} on "
+                   f"{device}, got {type(t).__name__}")
+
+
+def _raise_mismatch(where: str, t: torch.Tensor, node: Node, device: torch.device, batch_note: str) -> None:
     if tuple(t.shape) != node.shape:
-        raise ValueError(f"{where}: expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
-                         + (batch_note or " (shapes are fixed at compile time; compile again for a new shape)"))
+        raise InputMismatch(f"{where}: expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
+                            + (batch_note or " (shapes are fixed: Config.max_specializations is 0)"))
     if t.dtype != node.dtype:
-        raise ValueError(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
-    raise ValueError(f"{where}: expected device {device}, got {t.device}")
+        raise InputMismatch(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
+    raise InputMismatch(f"{where}: expected device {device}, got {t.device}")
 
 
 def is_contiguous_meta(node: Node) -> bool:

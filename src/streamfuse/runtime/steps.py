@@ -45,7 +45,22 @@ def _prepare(node: Node, slot: dict[Node, int]) -> _Call:
     nested = any(isinstance(a, (list, tuple)) and any(isinstance(x, Node) for x in _walk(a)) for a in args)
     nested |= any(any(isinstance(x, Node) for x in _walk(v)) for v in node.kwargs.values())
     target = node.target if node.target is not None else operator.getitem
+    target = _VIEWS_TOLERANT.get(target, target)
     return _Call(target, args, dict(node.kwargs), patches, nested, node, slot[node])
+
+
+def _view_or_reshape(x: torch.Tensor, size: Any) -> torch.Tensor:
+    """aten.view, or a reshape where the input's strides differ from the traced ones (an ATen op may
+    lay out its result otherwise than its fake kernel said): the values are the same in a
+    functional graph, and the generated kernels that read the result take its strides."""
+    try:
+        return x.view(size)
+    except RuntimeError:
+        return x.reshape(size)
+
+
+_VIEWS_TOLERANT: dict[Any, Any] = {torch.ops.aten.view.default: _view_or_reshape,
+                                   torch.ops.aten._unsafe_view.default: _view_or_reshape}
 
 
 def _walk(value: Any) -> list[Any]:
@@ -130,7 +145,6 @@ class KernelStep:
     kernel: Any
     in_slots: list[int]
     out_slots: list[int]
-    out_meta: list[tuple[tuple[int, ...], torch.dtype]]
     device: torch.device
     direct: bool = False
     """Launch compiled kernels directly (CUDA only; the interpreter goes through the JIT)."""
@@ -144,9 +158,17 @@ class KernelStep:
     pdl: bool = False
     """Launch with programmatic dependent launch (a KernelSource.pdl kernel right after another of
     ours on its stream: runtime/executable.mark_pdl_launches)."""
+    fallback_slot: dict[Node, int] | None = None
+    """Slots of the whole graph: where a kernel that fails to compile runs its ops through ATen."""
+    failed: NodeStep | None = None
+    """The group's ops run through ATen because the kernel failed to compile (`failure` says why)."""
+    failure: str | None = None
     _compiled: dict[tuple, Any] = field(default_factory=dict)
 
     def run(self, env: Env) -> None:
+        if self.failed is not None:
+            self.failed.run(env)
+            return
         args: list[Any] = []
         for s, dims in zip(self.in_slots, self.source.input_stride_dims, strict=True):
             t = env[s]
@@ -154,7 +176,7 @@ class KernelStep:
             if dims:
                 strides = t.stride()
                 args += [strides[d] for d in dims]
-        outs = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.out_meta]
+        outs = self.source.output_tensors(self.device)
         args += outs
         if self.rng is not None:
             args += (self.rng.seed, self.rng.offset)
@@ -168,12 +190,27 @@ class KernelStep:
                 stream = torch._C._cuda_getCurrentRawStream(self.device.index or 0)
                 compiled.run(grid[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
                              *args, *self.source.constexprs.values())
+            elif compiled is None and self.fallback_slot is not None:
+                try:
+                    self._compiled[key] = self._launch(args)
+                except Exception as exc:  # noqa: BLE001 - a kernel that does not compile runs through ATen
+                    self._fall_back(exc, env)
+                    return
             else:
                 self._compiled[key] = self._launch(args)
         else:
             self._launch(args)
         for s, t in zip(self.out_slots, outs, strict=True):
             env[s] = t
+
+    def _fall_back(self, exc: Exception, env: Env) -> None:
+        from streamfuse.runtime.fallback import failure_text, warn_fallback
+
+        assert self.fallback_slot is not None
+        self.failure = f"kernel {self.source.fn_name} failed to compile or launch: {failure_text(exc)}"
+        warn_fallback(f"group {self.group.name}", self.failure)
+        self.failed = NodeStep(self.group, self.fallback_slot)
+        self.failed.run(env)
 
     def binary(self) -> Any | None:
         """A compiled kernel of this step (registers, shared memory, spills), once it has run on a GPU."""
@@ -235,10 +272,10 @@ def make_kernel_step(group: Group, source: KernelSource, kernel: Any, slot: dict
         group=group, source=source, kernel=kernel,
         in_slots=[slot[n] for n in source.inputs],
         out_slots=[slot[n] for n in source.outputs],
-        out_meta=[(n.shape, n.dtype) for n in source.outputs],  # type: ignore[misc]
         device=device,
         direct=device.type == "cuda",
         rng=rng if source.rng else None,
         scratch=source.scratch_tensors(device),
         needs_allocator=source.descriptors and device.type == "cuda",  # the interpreter needs none
+        fallback_slot=slot if device.type == "cuda" else None,  # the interpreter's errors are bugs to see
     )

@@ -60,7 +60,7 @@ def kernel_args(source: KernelSource, device: torch.device) -> list[Any]:
         t = random_operand(node, device)
         args.append(t)
         args.extend(t.stride(d) for d in dims)
-    args.extend(torch.empty(o.shape, dtype=o.dtype, device=device) for o in source.outputs)
+    args.extend(source.output_tensors(device))
     return args + ([1234, 0] if source.rng else [])
 
 

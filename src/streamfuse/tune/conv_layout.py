@@ -1,14 +1,14 @@
 """The memory layout each 2-D convolution runs in through cuDNN (Config.conv_layout).
 
-cuDNN picks its engine from the layout. On the H200, a float32 5x5 convolution 64->16 channels
-at 56x56, batch 1, ran in NCHW as two layout transposes plus a 32 µs CUTLASS kernel, and in
+cuDNN picks its engine from the layout. On the H200, a float32 5x5 convolution 64->16 channels at
+56x56, batch 1, ran in NCHW as two layout transposes plus a 32 µs CUTLASS kernel, and in
 channels_last as one 10.8 µs implicit-GEMM kernel; 1x1 and 3x3 were as fast either way
-(benchmarks/probe_l2_conv.py, docs/PERF.md session 10). So the layout is measured, not guessed:
-"auto" times the convolution both ways on random inputs of its real shapes, replayed from a CUDA
-graph, the channels_last way including its layout changes (and the weight's, for a live
-parameter), and keeps channels_last only if it wins by Config.conv_layout_margin. The result is
-cached in cache_dir/autotune.json beside the matmul tiles, keyed by device, shapes, strides,
-convolution parameters, dtype and cuDNN's TF32 setting.
+(benchmarks/probe_l2_conv.py, now in git history; docs/PERF.md session 10). So the layout is
+measured, not guessed: "auto" times the convolution both ways on random inputs of its real shapes,
+replayed from a CUDA graph, the channels_last way including its layout changes (and the weight's,
+for a live parameter), and keeps channels_last only if it wins by Config.conv_layout_margin. The
+result is cached in cache_dir/autotune.json beside the matmul tiles, keyed by device, shapes,
+strides, convolution parameters, dtype and cuDNN's TF32 setting.
 
 Only convolutions the step can convert safely qualify (`eligible`): 2-D, not transposed, input
 and output contiguous NCHW as recorded, weight a graph constant. A model that is already

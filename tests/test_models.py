@@ -1,0 +1,163 @@
+"""Real architectures (Hugging Face transformers from small configs) through both entry points, on
+random inputs, at the example shape and at others; and the backend's compile on fake tensors.
+
+On CPU the generated kernels run in Triton's interpreter (conftest.py), so the configs are small;
+the same architectures at real sizes run on the GPU in `streamfuse bench --suite models`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import streamfuse
+from streamfuse.capture import backend as backend_module
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 128
+
+
+class TokensToTensor(nn.Module):
+    """A Hugging Face model as a function of token ids returning one tensor (logits or hidden states)."""
+
+    def __init__(self, model: nn.Module, cache_flag: bool):
+        super().__init__()
+        self.model = model
+        self.cache_flag = cache_flag
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, use_cache=False) if self.cache_flag else self.model(input_ids=ids)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _gpt2() -> nn.Module:
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return TokensToTensor(transformers.GPT2LMHeadModel(cfg), cache_flag=True)
+
+
+def _bert() -> nn.Module:
+    cfg = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                                  vocab_size=VOCAB, max_position_embeddings=64)
+    return TokensToTensor(transformers.BertModel(cfg), cache_flag=False)
+
+
+def _distilbert() -> nn.Module:
+    cfg = transformers.DistilBertConfig(n_layers=2, dim=32, n_heads=4, hidden_dim=64, vocab_size=VOCAB,
+                                        max_position_embeddings=64)
+    return TokensToTensor(transformers.DistilBertModel(cfg), cache_flag=False)
+
+
+def _roberta() -> nn.Module:
+    cfg = transformers.RobertaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                                     vocab_size=VOCAB, max_position_embeddings=70)
+    return TokensToTensor(transformers.RobertaModel(cfg), cache_flag=False)
+
+
+def _t5_encoder() -> nn.Module:
+    cfg = transformers.T5Config(num_layers=2, d_model=32, d_kv=8, num_heads=4, d_ff=64, vocab_size=VOCAB)
+    return TokensToTensor(transformers.T5EncoderModel(cfg), cache_flag=False)
+
+
+def _llama() -> nn.Module:
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64)
+    return TokensToTensor(transformers.LlamaForCausalLM(cfg), cache_flag=True)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "gpt2": _gpt2, "bert": _bert, "distilbert": _distilbert, "roberta": _roberta, "t5-encoder": _t5_encoder,
+    "llama-gqa": _llama,
+}
+# (batch, tokens): the example shape first, then other shapes of the same model
+SHAPES = [(2, 9), (1, 1), (3, 16)]
+
+
+def _model(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    return MODELS[name]().eval()
+
+
+def _ids(batch: int, tokens: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    err = float((out - ref).abs().max()) / max(float(ref.abs().max()), 1e-6)
+    assert err <= 1e-4, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_streamfuse_compile_matches_eager_at_several_shapes(name: str, config: Any) -> None:
+    model = _model(name)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (_ids(*SHAPES[0], seed=0),), config)
+        assert isinstance(compiled, streamfuse.CompiledGraph)
+        assert compiled.stats["generated_kernels"] > 0
+        for k, shape in enumerate(SHAPES):
+            ids = _ids(*shape, seed=k + 1)
+            _close(compiled(ids), model(ids))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_backend_matches_eager_at_several_shapes(name: str, config: Any) -> None:
+    model = _model(name)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        for k, shape in enumerate(SHAPES):
+            ids = _ids(*shape, seed=k + 1)
+            _close(fast(ids), model(ids))
+    compiled = backend_module.compiled_graphs[-1]
+    # after the second shape Dynamo hands over symbolic sizes: one plan per concrete shape under it
+    assert isinstance(compiled, backend_module.SymbolicGraph)
+    assert compiled.built >= 1
+    assert not any(isinstance(p, backend_module.EagerGraph) for p in compiled.plans.values())
+
+
+def test_backend_compiles_under_fake_tensor_mode(config: Any) -> None:
+    """Nothing reads tensor data at compile time: the backend's compiler, handed fake example inputs
+    inside a FakeTensorMode (as AOTAutograd does), builds a plan with a matmul template (its split-K
+    scratch is allocated once, at build) that then runs on real tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch.manual_seed(0)
+    w, b = torch.randn(64, 256), torch.randn(64)
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.nn.functional.gelu(torch.addmm(b, x, w.t())),)
+
+    x = torch.randn(2, 256)
+    gm = make_fx(f)(x, w, b)
+    compiler = backend_module._compiler(config.replace(matmul_strategy="triton"))
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(t) for t in (x, w, b)]
+        run = compiler(gm, fakes)
+    compiled = backend_module.compiled_graphs[-1]
+    assert isinstance(compiled, streamfuse.CompiledGraph)
+    assert any(g.kind.value == "matmul" for g in compiled.plan.groups)
+    (out,) = run([x, w, b])
+    torch.testing.assert_close(out, f(x, w, b)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_unconvertible_graph_runs_eagerly_with_one_warning(config: Any) -> None:
+    """A model streamfuse cannot capture runs as it is, with a warning naming the reason."""
+
+    class DataDependent(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[x > 0].sum() * torch.ones(3)  # a data-dependent shape: torch.export cannot capture it
+
+    model = DataDependent()
+    x = torch.randn(16)
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="runs eagerly"):
+        compiled = streamfuse.compile(model, (x,), config)
+    assert isinstance(compiled, streamfuse.EagerFallback)
+    assert "capture or planning failed" in compiled.explain()
+    torch.testing.assert_close(compiled(x), model(x))
