@@ -282,3 +282,26 @@ def test_launch_key_specializes_as_triton_does() -> None:
                                                    (False, False, True), (False, True, False))
     assert launch_key([base[1:], 48]) == (False, (False, True, True))  # 4 bytes past an aligned start
     assert launch_key([base, 4096]) == launch_key([torch.ones(8), 16])
+
+
+def test_release_follows_the_issue_order(config) -> None:  # type: ignore[no-untyped-def]
+    """A slot is freed after its last reader in the order the steps are issued: the stream runner
+    issues a schedule's order, not the plan's (a buffer freed after its last reader in plan order
+    was read later as None: the GPT-2 TypeError on the GPU)."""
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.relu(x)
+        return torch.exp(a) * 2, torch.sin(a) * 3
+
+    compiled = streamfuse.compile(f, (randn(4, 8),), config.replace(fuse=False))
+    exe = compiled.base
+    steps = range(len(exe.steps))
+    readers = {i for i in steps for n in exe.steps[i].group.nodes for a in n.input_nodes() if a.op == "aten.relu.default"}
+    assert len(readers) == 2
+    relu_slot = next(exe.slot[n] for st in exe.steps for n in st.group.nodes if n.op == "aten.relu.default")
+    plan_order = list(steps)
+    first, second = sorted(readers)
+    swapped = [i for i in plan_order if i not in readers] + [second, first]  # the later reader issued first
+    swapped.sort(key=lambda i: plan_order.index(i) if i not in readers else len(plan_order) + (i == first))
+    released_after = {i for i, slots in enumerate(exe.release_lists(swapped)) if relu_slot in slots}
+    assert released_after == {first}
+    assert {i for i, slots in enumerate(exe.release_lists()) if relu_slot in slots} == {second}

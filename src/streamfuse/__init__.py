@@ -9,6 +9,7 @@ or `torch.compile(model, backend="streamfuse")`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,8 +47,6 @@ def compile(
 
 
 def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph | EagerFallback:
-    import time
-
     from streamfuse.runtime.fallback import failure_text
 
     start = time.perf_counter()
@@ -76,9 +75,11 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
             fold_batchnorm(graph, folds)
         return graph
 
+    start = time.perf_counter()
     captured = capture(model, inputs)
     graph = convert(captured)
     device = graph_device(graph, inputs)
+    capture_s = time.perf_counter() - start
 
     def recapture(examples: list[torch.Tensor]) -> Any:
         """The same model captured at another batch size (a batch bucket)."""
@@ -89,8 +90,10 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
         return _compile_for(model, examples, config.replace(max_specializations=0))
 
     call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
-    return build(graph, config, device, call, recapture=None if captured.mutated else recapture,
-                 specialize=specialize, eager=model)
+    compiled = build(graph, config, device, call, recapture=None if captured.mutated else recapture,
+                     specialize=specialize, eager=model)
+    compiled.base.compile_times = {"capture (torch.export)": capture_s, **compiled.base.compile_times}
+    return compiled
 
 
 register()

@@ -119,6 +119,9 @@ class Config:
     """A convolution run in channels_last hands its result on in channels_last when only generated
     kernels read it (they take strides at launch): no conversion back to NCHW, one kernel fewer on
     its path. False always converts back."""
+    compile_threads: int = 8
+    """On CUDA, compile the plan's generated kernels ahead of the first call on this many threads
+    (runtime/precompile.py); 1 compiles them one after another, 0 leaves each to its first launch."""
     autotune_budget_s: float = 60.0
     """Upper bound on tuning time per kernel; the candidates not reached are skipped."""
     # --- scheduling (schedule/) --------------------------------------------------------
@@ -210,6 +213,8 @@ class Config:
             raise ValueError(f"Config.max_occupancy_drop must be in [0, 1], got {self.max_occupancy_drop}")
         if self.autotune_budget_s <= 0:
             raise ValueError(f"Config.autotune_budget_s must be > 0, got {self.autotune_budget_s}")
+        if not isinstance(self.compile_threads, int) or self.compile_threads < 0:
+            raise ValueError(f"Config.compile_threads must be an int >= 0, got {self.compile_threads!r}")
         if not isinstance(self.max_specializations, int) or self.max_specializations < 0:
             raise ValueError(f"Config.max_specializations must be an int >= 0, got {self.max_specializations!r}")
         if not isinstance(self.output_sets, int) or self.output_sets < 0:

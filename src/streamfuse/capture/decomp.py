@@ -1,7 +1,11 @@
 """The decomposition table used at capture: torch's own tables, not hand-written rules.
 
 Core ATen decompositions, plus softmax / log_softmax / layer_norm lowered to the
-reductions and pointwise ops the fusion planner understands. var and var_mean stay whole
+reductions and pointwise ops the fusion planner understands. Scaled dot-product attention stays
+whole: it runs on ATen's fused kernels (flash attention on the GPU), and torch's rule for its CPU
+kernel is for inference only: it returns the attention probabilities where the kernel returns the
+logsumexp that the (not decomposed) backward reads, so training gradients came out silently wrong
+(60-1,300% on GPT-2; Inductor excludes it too; tests/test_training.py). var and var_mean stay whole
 (their reference decompositions go through prims that cannot be functionalized), and so does
 inference batch-norm (its decomposition goes through a mutating op): ir/lowerings.py lowers
 them while converting.

@@ -38,3 +38,30 @@ def load_kernel(fn_name: str, source: str, cache_dir: Path) -> Any:
         kernel = getattr(module, fn_name)
         _loaded[fn_name] = kernel
         return kernel
+
+
+def compile_ahead(jobs: list[tuple[Any, list[Any], tuple[int, ...], dict[str, Any]]], device: Any,
+                  threads: int) -> list[str | None]:
+    """Compile kernels before their first launch, on up to `threads` threads: each job is
+    (@triton.jit function, launch arguments, grid, launch options and constexprs), the arguments as
+    real tensors or as torch dtypes standing for 16-byte-aligned tensors (Triton's MockTensor). The
+    compiled binaries land in the functions' own caches, so the launches with the same
+    specialization find them. Returns, per job, None or why it did not compile (its launch will
+    raise or compile again, as without this)."""
+    import torch
+
+    def one(job: tuple[Any, list[Any], tuple[int, ...], dict[str, Any]]) -> str | None:
+        kernel, args, grid, options = job
+        try:
+            with torch.cuda.device(device):
+                kernel.warmup(*args, grid=grid, **options)
+        except Exception as exc:  # noqa: BLE001 - reported; the launch path handles the failure
+            return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        return None
+
+    if threads <= 1 or len(jobs) <= 1:
+        return [one(j) for j in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(threads, len(jobs))) as pool:
+        return list(pool.map(one, jobs))

@@ -10,6 +10,7 @@ on its streams.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class CompiledGraph:
         """Input signature -> the model compiled for it, least recently used first."""
         self.compile_s: float | None = None
         """Seconds the compile of this plan took (set by streamfuse.compile)."""
+        self.first_call_s: float | None = None
+        """Seconds the first call took: Triton compiles the kernels and the CUDA graph is recorded."""
         self.config = base.config
         self.graph_failure: str | None = None
         """Why CUDA-graph capture failed (the calls then run on streams), or None."""
@@ -127,6 +130,7 @@ class CompiledGraph:
         warning naming the reason. Bad input still raises."""
         if self.eager_reason is not None:
             return self.eager(*inputs)  # type: ignore[misc]
+        start = time.perf_counter()
         try:
             out = call(inputs)
         except BadInput:
@@ -138,6 +142,9 @@ class CompiledGraph:
                 torch.cuda.synchronize(self.device)
             return self.eager(*inputs)  # type: ignore[misc]
         self._proven = True
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.first_call_s = time.perf_counter() - start
         return out
 
     def _call(self, inputs: tuple[Any, ...]) -> Any:
@@ -312,6 +319,8 @@ class CompiledGraph:
             "graph_instances": sum(r.instances for r in self._runners.values()),
             "specializations": len(self.specializations),
             "compile_s": self.compile_s,
+            "first_call_s": self.first_call_s,
+            "compile_stages_s": {k: round(v, 3) for k, v in self.base.compile_times.items()},
             "executor": self.base.executor,
             "device": str(self.base.device),
         }

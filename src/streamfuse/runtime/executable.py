@@ -7,6 +7,7 @@ plan fusion -> generate kernels -> assign streams -> tune tiles -> lay out steps
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
 from streamfuse.ir.rng import RngState, attach_rng
 from streamfuse.profile import known
+from streamfuse.runtime.precompile import precompile
 from streamfuse.runtime.steps import ChannelsLastConvStep, HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
 from streamfuse.schedule.cost import group_bytes, group_flops
@@ -59,7 +61,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
     # 1. how each matmul runs (cost model on the device's ceilings, or measured), which nodes share
     #    a kernel, and why others do not
+    clock = StageClock()
     ceilings = ceilings_for(device if device.type == "cuda" else None, config.cache_dir, config.calibrate)
+    clock.lap("calibration")
     if on_gpu and config.profile_guided:
         from streamfuse.tune.autotune import measure_choices
 
@@ -67,10 +71,12 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     else:
         choices = choose_matmuls(graph, config, ceilings)
     plan = plan_fusion(graph, config, choices, sm_count)
+    clock.lap("fusion planning")
     # 2. Triton source for each generated group (always, so explain() shows it on any machine)
     pdl = on_gpu and use_pdl(config, device)
     constants = graph.constant_nodes()
     sources = {g.id: generate(g, config, target, sm_count, pdl, constants) for g in plan.groups if g.kind.generated}
+    clock.lap("code generation")
     # 3. streams and events for the launches (a pure function; planned on every device); on the GPU
     #    the matmul template's tile is tuned (or read from the tuning cache), a kernel that runs
     #    beside others timed beside copies of itself (Config.autotune_concurrency)
@@ -84,7 +90,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     conv_layouts = {g.name: choose_layout(g.nodes[0], graph, config, device, convert_back=not keep_cl[g.name])
                     for g in convs}
     measured = {g.id: us for g in convs if (us := conv_layouts[g.name].measured_us) is not None}
+    clock.lap("convolution layouts")
     schedule = schedule_steps(plan, config, measured)
+    clock.lap("stream schedule")
     if on_gpu and config.autotune:
         from streamfuse.tune.autotune import tune_matmul
 
@@ -93,6 +101,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
                 k = schedule.concurrency.get(i, 1) if config.autotune_concurrency else 1
                 sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device,
                                                concurrency=k)
+    clock.lap("matmul tuning")
     # 4. one step per group; generated kernels are compiled (cached by content hash) when used; a
     #    convolution runs in the layout chosen above
     slot = {n: i for i, n in enumerate(graph.nodes)}
@@ -115,12 +124,31 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
     mark_pdl_launches(steps, schedule, config.pdl_beside_others, config.pdl_after_convolutions)
+    clock.lap("steps")
+    # 6. the generated kernels compiled ahead of the first call, several at once
+    failures = precompile(steps, device, config.compile_threads) if on_gpu and config.compile_threads else []
+    clock.lap("kernel compile")
     exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
     exe.ceilings = ceilings
     exe.conv_layouts = conv_layouts
     exe.rng = rng
     exe.sm_count = sm_count
+    exe.precompile_failures = failures
+    exe.compile_times = clock.laps
     return exe
+
+
+class StageClock:
+    """Seconds spent per named stage of a compile, in the order the stages ran."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = self.laps.get(stage, 0.0) + now - self._last
+        self._last = now
 
 
 def mark_pdl_launches(steps: list[Step], schedule: StreamSchedule, beside_others: bool = True,
@@ -221,11 +249,15 @@ class Executable:
         self.conv_layouts: dict[str, ConvLayoutChoice] = {}
         """Layout of each eligible convolution step, by group name (tune/conv_layout.py)."""
         self.sm_count = DEFAULT_SM_COUNT
+        self.precompile_failures: list[str] = []
+        """Kernels that did not compile ahead of the first call (runtime/precompile.py)."""
+        self.compile_times: dict[str, float] = {}
+        """Seconds each stage of build_executable took (stats, explain)."""
         self.rng: RngState | None = None
         """Dropout's random-number state: advanced once per call, so each call draws a fresh mask."""
         self.input_slots = [self.slot[n] for n in graph.inputs]
         self.constants = [(self.slot[n], t) for n, t in graph.constants.items()]
-        self.release = self._release_lists()
+        self.release = self.release_lists()
         self.out_slots = [self.slot[o] if isinstance(o, Node) else None for o in graph.outputs]
         multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
         self.stream_runner = StreamRunner(self, schedule, device) if multi else None
@@ -278,10 +310,13 @@ class Executable:
                 out[i] = t.contiguous()
         return out
 
-    def _release_lists(self) -> list[list[int]]:
-        """After step i, the slots whose last reader is step i (never graph outputs or inputs)."""
+    def release_lists(self, order: Sequence[int] | None = None) -> list[list[int]]:
+        """After step i, the slots whose last reader is step i when the steps run in `order` (plan
+        order by default; the stream runner issues them in its schedule's order); never graph
+        outputs, inputs or constants."""
         last: dict[int, int] = {}
-        for i, step in enumerate(self.steps):
+        for i in order if order is not None else range(len(self.steps)):
+            step = self.steps[i]
             for node in step.group.nodes:
                 last.setdefault(self.slot[node], i)
                 for a in node.input_nodes():

@@ -216,13 +216,17 @@ class KernelStep:
         """A compiled kernel of this step (registers, shared memory, spills), once it has run on a GPU."""
         return next(iter(self._compiled.values()), None)
 
-    def _launch(self, args: list[Any]) -> Any:
+    def launch_options(self) -> dict[str, Any]:
+        """Triton launch options and constexprs of this kernel (also runtime/precompile.py's)."""
         options: dict[str, Any] = {"num_warps": self.source.num_warps}
         if self.pdl:
             options["launch_pdl"] = True
         if self.source.num_stages is not None:
             options["num_stages"] = self.source.num_stages
-        return self.kernel[self.source.grid](*args, **options, **self.source.constexprs)
+        return options | self.source.constexprs
+
+    def _launch(self, args: list[Any]) -> Any:
+        return self.kernel[self.source.grid](*args, **self.launch_options())
 
 
 def launch_key(args: list[Any]) -> tuple[Any, ...]:

@@ -41,6 +41,9 @@ class StreamRunner:
         self.join_events = {s: torch.cuda.Event() for s in schedule.join}
         self.alloc_stream = self._allocation_streams()
         self.cross_reads = self._cross_reads()
+        self.release = exe.release_lists(schedule.order)
+        """After step i, the slots nothing issued later reads (issue order, not plan order: a slot
+        freed after its last reader in plan order could still be read by a step issued later)."""
 
     def run(self, env: list[Any], release: bool) -> None:
         sched, steps = self.schedule, self.exe.steps
@@ -62,7 +65,7 @@ class StreamRunner:
                 for slot in self.cross_reads[i]:
                     if env[slot] is not None:
                         env[slot].record_stream(stream)
-                for slot in self.exe.release[i]:
+                for slot in self.release[i]:
                     env[slot] = None
         for s in sched.join:
             self.join_events[s].record(streams[s])

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from streamfuse.codegen.cache import compile_ahead
 from streamfuse.codegen.kernel import KernelSource, generate, use_pdl
 from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, heuristic_tile, with_tile
 from streamfuse.config import Config
@@ -139,6 +140,10 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
         expected = None
         if math.isfinite(time_tile(kernel, reference, args, None)):
             expected = [t.clone() for t in _outputs(reference, args)]
+        candidates = [with_tile(source, group, t) for t in tiles]
+        compile_ahead([(kernel, args + c.scratch_tensors(device), c.grid,
+                        {"num_warps": c.num_warps, "num_stages": c.num_stages, "launch_pdl": c.pdl, **c.constexprs})
+                       for c in candidates], device, config.compile_threads)
         for tile in tiles:
             if time.perf_counter() - start > config.autotune_budget_s:
                 break

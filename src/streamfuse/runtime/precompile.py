@@ -1,0 +1,45 @@
+"""Compile a plan's generated kernels before its first call, several at once.
+
+Triton compiles a kernel on its first launch, one after another: a model with a hundred fused
+kernels spent most of its first call compiling them. Here each KernelStep's kernel is compiled
+ahead (codegen/cache.compile_ahead) on Config.compile_threads threads. The arguments are
+described, not allocated: a torch dtype stands for a tensor (assumed 16-byte aligned) and the
+strides are the traced ones, so the specialization matches the launches' in the common case;
+where it does not (an input at an odd offset), the launch compiles its own as before. A kernel
+that fails to compile here is left to its first launch, which falls back to ATen
+(runtime/steps.py). Triton's disk cache makes a warm process's precompile a lookup.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from streamfuse.codegen.cache import compile_ahead
+from streamfuse.runtime.steps import KernelStep, Step
+
+
+def warmup_args(step: KernelStep) -> list[Any]:
+    """The launch arguments of `step` as Triton's warmup takes them (dtypes for tensors)."""
+    src = step.source
+    args: list[Any] = []
+    for node, dims in zip(src.inputs, src.input_stride_dims, strict=True):
+        args.append(node.dtype)
+        args += [node.strides[d] for d in dims]
+    args += [o.dtype for o in src.outputs]
+    if step.rng is not None:
+        args += [step.rng.seed, step.rng.offset]
+    args += [t.dtype for t in step.scratch]
+    return args
+
+
+def precompile(steps: list[Step], device: torch.device, threads: int) -> list[str]:
+    """Compile every distinct generated kernel of `steps` for `device`; returns the failures."""
+    todo: dict[str, KernelStep] = {}
+    for step in steps:
+        if isinstance(step, KernelStep) and step.source.fn_name not in todo:
+            todo[step.source.fn_name] = step
+    jobs = [(s.kernel, warmup_args(s), s.source.grid, s.launch_options()) for s in todo.values()]
+    results = compile_ahead(jobs, device, threads)
+    return [f"{name}: {r}" for name, r in zip(todo, results, strict=True) if r is not None]
