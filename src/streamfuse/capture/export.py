@@ -1,7 +1,8 @@
-"""streamfuse.compile's capture: nn.Module or function -> aten FX graph via torch.export.
+"""streamfuse.compile's capture: nn.Module or function -> functional aten FX graph.
 
-torch.export runs AOTAutograd underneath (functionalized aten graph, parameters and buffers
-lifted to placeholders); `run_decompositions` lowers it with our table. Parameters and
+AOTAutograd's export traces the model once on fake tensors with our decomposition table
+(functionalized aten graph, parameters and buffers lifted to placeholders); where that does not
+apply, torch.export and `run_decompositions` (two traces, about twice the time). Parameters and
 buffers are bound to the module's own tensors, so in-place weight updates stay visible.
 """
 
@@ -63,14 +64,72 @@ def normalize_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
 
 
 def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequence[torch.Tensor]) -> Captured:
+    """`model` traced on `example_inputs` into a functional aten graph lowered with our table.
+
+    One trace (AOTAutograd's export on fake tensors, under no_grad: streamfuse.compile runs
+    inference) where it applies; torch.export followed by run_decompositions, two traces, where it
+    does not (a model returning non-tensor leaves, say)."""
     if not callable(model):
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
+    names = parameter_names(module.forward if module is model else model, len(example_inputs))
+    live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    try:
+        return _capture_one_trace(module, tuple(example_inputs), live, names)
+    except _NotOneTrace:
+        return _capture_export(module, tuple(example_inputs), live, names)
+
+
+class _NotOneTrace(Exception):
+    """The one-trace capture does not apply to this model (the export path takes it)."""
+
+
+class _FlatOutputs(torch.nn.Module):
+    """`inner` with its outputs flattened to a tuple of tensors (the structure kept in `out_spec`)."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.out_spec: pytree.TreeSpec | None = None
+
+    def forward(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        leaves, self.out_spec = pytree.tree_flatten(self.inner(*args))
+        if not all(isinstance(v, torch.Tensor) for v in leaves):
+            raise _NotOneTrace("the model returns values other than tensors")
+        return tuple(leaves)
+
+
+def _capture_one_trace(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], live: dict[str, torch.Tensor],
+                       names: list[str]) -> Captured:
+    from torch._functorch.aot_autograd import aot_export_module
+
+    flat = _FlatOutputs(module)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            gm, sig = aot_export_module(flat, inputs, trace_joint=False, decompositions=decomposition_table())
+    except _NotOneTrace:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. a graph break Python tracing cannot take: try export
+        raise _NotOneTrace(str(exc)) from exc
+    if sig.user_inputs_to_mutate or sig.parameters_to_mutate:
+        raise NotImplementedError("the model modifies one of its inputs or parameters in place; streamfuse.compile "
+                                  "does not support that (torch.compile(backend='streamfuse') does)")
+    assert flat.out_spec is not None
+    bound = {name: live[fqn.removeprefix("inner.")]
+             for name, fqn in (sig.inputs_to_parameters | sig.inputs_to_buffers).items()}
+    (results,) = [n.args[0] for n in gm.graph.nodes if n.op == "output"]
+    mutated = [(i, live[sig.buffers_to_mutate[r.name].removeprefix("inner.")])
+               for i, r in enumerate(results) if r.name in sig.buffers_to_mutate]
+    return Captured(gm=gm, bound=bound, out_spec=flat.out_spec, input_names=names, mutated=mutated)
+
+
+def _capture_export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], live: dict[str, torch.Tensor],
+                    names: list[str]) -> Captured:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal pytree deprecations
-        ep = torch.export.export(module, tuple(example_inputs), strict=False)
+        ep = torch.export.export(module, inputs, strict=False)
         ep = ep.run_decompositions(decomposition_table())
-    live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     bound: dict[str, torch.Tensor] = {}
     for spec in ep.graph_signature.input_specs:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
@@ -88,6 +147,5 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
                                       "does not support input mutation (torch.compile(backend='streamfuse') does)")
         elif spec.kind != OutputKind.USER_OUTPUT:
             raise NotImplementedError(f"export output kind {spec.kind} is not supported")
-    names = parameter_names(module.forward if module is model else model, len(example_inputs))
     return Captured(gm=ep.graph_module, bound=bound, out_spec=ep.call_spec.out_spec, input_names=names,
                     mutated=mutated)

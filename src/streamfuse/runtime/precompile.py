@@ -17,21 +17,36 @@ from typing import Any
 import torch
 
 from streamfuse.codegen.cache import compile_ahead
-from streamfuse.runtime.steps import KernelStep, Step
+from streamfuse.ir.graph import Node
+from streamfuse.runtime.steps import ChannelsLastConvStep, KernelStep, Step
 
 
-def warmup_args(step: KernelStep) -> list[Any]:
-    """The launch arguments of `step` as Triton's warmup takes them (dtypes for tensors)."""
+def warmup_args(step: KernelStep, layouts: dict[Node, tuple[int, ...]]) -> list[Any]:
+    """The launch arguments of `step` as Triton's warmup takes them (dtypes for tensors); an input's
+    strides are the traced ones unless `layouts` says the step producing it lays it out otherwise."""
     src = step.source
     args: list[Any] = []
     for node, dims in zip(src.inputs, src.input_stride_dims, strict=True):
+        strides = layouts.get(node, node.strides)
         args.append(node.dtype)
-        args += [node.strides[d] for d in dims]
+        args += [strides[d] for d in dims]
     args += [o.dtype for o in src.outputs]
     if step.rng is not None:
         args += [step.rng.seed, step.rng.offset]
     args += [t.dtype for t in step.scratch]
     return args
+
+
+def runtime_layouts(steps: list[Step]) -> dict[Node, tuple[int, ...]]:
+    """Results whose strides at run time differ from the traced ones: convolutions run in
+    channels_last whose result is handed on as it is (ChannelsLastConvStep.convert_back False)."""
+    out: dict[Node, tuple[int, ...]] = {}
+    for step in steps:
+        if isinstance(step, ChannelsLastConvStep) and not step.convert_back:
+            node = step.call.node
+            n, c, h, w = node.shape
+            out[node] = (c * h * w, 1, w * c, c)
+    return out
 
 
 def precompile(steps: list[Step], device: torch.device, threads: int) -> list[str]:
@@ -40,6 +55,7 @@ def precompile(steps: list[Step], device: torch.device, threads: int) -> list[st
     for step in steps:
         if isinstance(step, KernelStep) and step.source.fn_name not in todo:
             todo[step.source.fn_name] = step
-    jobs = [(s.kernel, warmup_args(s), s.source.grid, s.launch_options()) for s in todo.values()]
+    layouts = runtime_layouts(steps)
+    jobs = [(s.kernel, warmup_args(s, layouts), s.source.grid, s.launch_options()) for s in todo.values()]
     results = compile_ahead(jobs, device, threads)
     return [f"{name}: {r}" for name, r in zip(todo, results, strict=True) if r is not None]

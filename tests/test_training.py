@@ -1,0 +1,276 @@
+"""Training through `torch.compile(backend=streamfuse)`: a few SGD steps against eager.
+
+AOTAutograd sends the forward and the backward aten graphs through the backend; the loss, every
+parameter's gradient, and every parameter and buffer after each optimizer step must match eager's.
+A wrong gradient is silent (the loss of the first step still matches), so each step checks them all.
+
+Regression: torch's core decomposition of `_scaled_dot_product_flash_attention_for_cpu` (registered
+for export, inference only: torch/_decomp/decompositions.py says inductor must exclude it) returns
+the attention probabilities where the real op returns the logsumexp. The op's backward is not
+decomposed and reads that result as a logsumexp, so with the decomposition in the capture table
+every gradient upstream of attention was wrong (GPT-2: 60% to 1,300% off) while the loss matched.
+capture/decomp.py keeps SDPA whole.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import streamfuse
+from streamfuse.capture.decomp import decomposition_table
+
+aten = torch.ops.aten
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+def _assert_match(what: str, got: torch.Tensor | None, want: torch.Tensor | None) -> None:
+    assert (got is None) == (want is None), f"{what}: compiled {got is not None}, eager {want is not None}"
+    if got is None or want is None:
+        return
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL,
+                               msg=lambda m: f"{what} (relative norm error {_rel(got, want):.3g}): {m}")
+
+
+def train_and_compare(model: nn.Module, batches: list[tuple[Any, ...]], loss_fn: Callable[..., torch.Tensor],
+                      config: streamfuse.Config, lr: float = 0.05) -> None:
+    """Train `model` through the backend and a deep copy eagerly, one SGD step per batch; after each
+    step compare loss, every gradient (None-ness too), every parameter and every buffer."""
+    torch._dynamo.reset()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+    opt_c = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    opt_e = torch.optim.SGD(eager.parameters(), lr=lr, momentum=0.9)
+    for step, batch in enumerate(batches):
+        loss_c = loss_fn(compiled, *batch)
+        loss_e = loss_fn(eager, *batch)
+        loss_c.backward()
+        loss_e.backward()
+        _assert_match(f"step {step}: loss", loss_c.detach(), loss_e.detach())
+        for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+            _assert_match(f"step {step}: grad of {name}", p.grad, q.grad)
+        opt_c.step()
+        opt_e.step()
+        opt_c.zero_grad()
+        opt_e.zero_grad()
+        for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+            _assert_match(f"step {step}: parameter {name} after the update", p.detach(), q.detach())
+        for (name, b), (_, c) in zip(model.named_buffers(), eager.named_buffers(), strict=True):
+            _assert_match(f"step {step}: buffer {name}", b, c)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=_gen(seed))
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture(params=["reference", pytest.param("triton", marks=pytest.mark.skipif(
+    not _INTERPRETED, reason="these models are on the CPU: generated kernels run there only in Triton's interpreter"))])
+def train_config(request: pytest.FixtureRequest, config: streamfuse.Config) -> streamfuse.Config:
+    """Both executors: the generated kernels (Triton's interpreter on CPU) and torch per group."""
+    return config.replace(executor=request.param)
+
+
+# ---------------------------------------------------------------------------- the decomposition table
+def test_capture_table_keeps_cpu_flash_attention_whole() -> None:
+    """Its torch decomposition is for inference only (see the module docstring): in the table it makes
+    every gradient through attention wrong, silently."""
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default not in decomposition_table()
+
+
+class _CheckDecompositions(TorchDispatchMode):
+    """Runs every multi-result op that the capture table decomposes both ways and records the results
+    where the decomposition differs from the kernel. A backward the table leaves whole reads the
+    forward's extra results (saved statistics, logsumexp, indices): a decomposition that returns
+    something else there trains wrongly while the forward looks right."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = decomposition_table()
+        self.checked: set[str] = set()
+        self.wrong: dict[str, list[int]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        decomposition = self.table.get(func)
+        # (the functions checked draw no random numbers: a dropout's decomposition would differ)
+        if decomposition is None or not isinstance(out, (tuple, list)):
+            return out
+        self.checked.add(str(func))
+        for i, (a, b) in enumerate(zip(out, decomposition(*args, **kwargs), strict=True)):
+            if isinstance(a, torch.Tensor) and a.numel() and not (
+                    isinstance(b, torch.Tensor) and a.shape == b.shape
+                    and torch.allclose(a, b.to(a.dtype), rtol=1e-4, atol=1e-5, equal_nan=True)):
+                self.wrong.setdefault(str(func), []).append(i)
+        return out
+
+
+def test_decompositions_in_the_table_return_every_result_as_the_kernel_does() -> None:
+    x = _randn(2, 4, 6, 8, seed=50)
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    with _CheckDecompositions() as check:
+        for kwargs in ({}, {"is_causal": True}, {"attn_mask": mask}, {"attn_mask": x[0, 0, :, :6]}):
+            F.scaled_dot_product_attention(x, x * 0.5, x + 1, **kwargs)
+        F.layer_norm(x, (8,), torch.ones(8), torch.zeros(8))
+        F.group_norm(x, 2)
+        F.batch_norm(x, torch.zeros(4), torch.ones(4), training=True)
+        F.max_pool2d(x, 2, return_indices=True)
+        F.max_pool1d(x[0], 2, return_indices=True)
+        F.nll_loss(F.log_softmax(x[:, :, 0, 0], -1), torch.tensor([0, 3]))
+        F.logsigmoid(x)
+        torch.std_mean(x, dim=-1)
+        torch.aminmax(x, dim=-1)
+    assert "aten.native_layer_norm.default" in check.checked  # the check is not vacuous
+    assert not check.wrong, f"decompositions whose results differ from the kernel's: {check.wrong}"
+
+
+# ---------------------------------------------------------------------------- models
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.norm = nn.LayerNorm(32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.norm(self.fc1(x)), approximate="tanh"))
+
+
+def test_mlp(train_config: streamfuse.Config) -> None:
+    torch.manual_seed(0)
+    batches = [(_randn(8, 16, seed=i), torch.randint(0, 4, (8,), generator=_gen(i))) for i in range(3)]
+    train_and_compare(_MLP(), batches, lambda m, x, y: F.cross_entropy(m(x), y), train_config)
+
+
+class _InPlace(nn.Module):
+    """In-place ops on activations, a buffer updated in place in forward, and training batch-norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(12, 12)
+        self.bn = nn.BatchNorm1d(12)
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("ema", torch.zeros(12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        h.mul_(2.0).add_(1.0)
+        h = torch.relu_(self.bn(h))
+        self.calls.add_(1)
+        self.ema.mul_(0.9).add_(h.detach().mean(0), alpha=0.1)
+        return h
+
+
+def test_in_place_ops_and_buffers(train_config: streamfuse.Config) -> None:
+    torch.manual_seed(1)
+    batches = [(_randn(6, 12, seed=10 + i),) for i in range(3)]
+    train_and_compare(_InPlace(), batches, lambda m, x: (m(x) ** 2).mean(), train_config)
+
+
+class _ParamViews(nn.Module):
+    """Parameters read through views: transposed, sliced, reshaped, and one used twice (tied)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 24) * 0.2)
+        self.b = nn.Parameter(torch.randn(2, 4) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.w[:, :8].t() + self.b.view(8)  # [n, 8]
+        h = torch.tanh(h) @ self.w.view(8, 3, 8)[:, 1, :]  # [n, 8]
+        return h @ self.w  # the whole weight again: [n, 24]
+
+
+def test_views_of_parameters(train_config: streamfuse.Config) -> None:
+    torch.manual_seed(2)
+    batches = [(_randn(5, 8, seed=20 + i),) for i in range(3)]
+    train_and_compare(_ParamViews(), batches, lambda m, x: m(x).pow(2).mean(), train_config)
+
+
+class _Aliasing(nn.Module):
+    """Outputs that alias a parameter and each other, a buffer overwritten, the input mutated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 6) * 0.3)
+        self.register_buffer("last", torch.zeros(6))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        x.mul_(2.0)
+        y = x @ self.w
+        self.last.copy_(y.detach().sum(0))
+        return y, y.t(), self.w, self.w.view(36), y[1:]
+
+
+def _aliasing_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    y, yt, w, flat, tail = model(x)  # doubles x in place: x.sum() below sees it
+    return (y * 2).sum() + yt.pow(2).mean() + w.sum() * 0.1 + flat.mean() + tail.tanh().sum() + x.sum()
+
+
+def test_outputs_aliasing_parameters_and_a_mutated_input(train_config: streamfuse.Config) -> None:
+    torch.manual_seed(5)
+    batches = [(_randn(4, 6, seed=60 + i),) for i in range(3)]
+    train_and_compare(_Aliasing(), batches, _aliasing_loss, train_config)
+
+
+class _Attention(nn.Module):
+    def __init__(self, causal: bool, masked: bool) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.proj = nn.Linear(32, 32)
+        self.causal, self.masked = causal, masked
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, _ = x.shape
+        q, k, v = self.qkv(x).view(n, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        mask = None
+        if self.masked:  # a boolean mask: the last key of every sequence is hidden
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device)
+            mask[:, -1] = False
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
+        return self.proj(y.transpose(1, 2).reshape(n, t, 32))
+
+
+@pytest.mark.parametrize(("causal", "masked"), [(False, False), (True, False), (False, True)])
+def test_scaled_dot_product_attention_backward(causal: bool, masked: bool, config: streamfuse.Config) -> None:
+    torch.manual_seed(3)
+    batches = [(_randn(2, 6, 32, seed=30 + i),) for i in range(2)]
+    train_and_compare(_Attention(causal, masked), batches, lambda m, x: m(x).pow(2).mean(),
+                      config.replace(executor="reference"))
+
+
+def test_gpt2_tied_weights(train_config: streamfuse.Config) -> None:
+    """The 2-layer GPT-2 language model whose gradients were wrong: tied LM head and token embedding,
+    Conv1D (addmm on a transposed weight), tanh-GELU, SDPA with a causal mask, views."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(4)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256, n_positions=64,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg).float().train()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    # the generated kernels run in Triton's interpreter on CPU, where one GPT-2 backward takes ~10 s:
+    # one step there (the wrong gradients showed on the first), two steps under the reference executor
+    steps = 1 if train_config.executor == "triton" and not torch.cuda.is_available() else 2
+    batches = [(torch.randint(0, 256, (2, 16), generator=_gen(40 + i)),) for i in range(steps)]
+    train_and_compare(model, batches, lambda m, ids: m(ids, labels=ids).loss, train_config)
