@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import randn
+from helpers import assert_close_to_reference, randn
 
 import streamfuse
 from streamfuse.ir.ops import OpKind
@@ -72,3 +72,27 @@ def test_batch_buckets_pad_through_a_generated_pool(config, device) -> None:  # 
     assert compiled.batch_reason is None  # rows proven independent
     x = randn(3, 2, 6, 6, device=device, seed=3)
     torch.testing.assert_close(compiled(x), fn(x))
+
+
+def test_chained_pools_over_a_cat_are_not_fused_into_one_kernel(config) -> None:  # type: ignore[no-untyped-def]
+    """GoogLeNet's pattern: a max pool over a 4-way cat, and a second pool over that one. One kernel
+    for all of it recomputes each branch at 9 x 9 taps (its kernel took 496 µs on the H200): the
+    planner refuses the fusion for its recomputation (Config.max_recomputed_evaluations), and the
+    kernels it keeps stay within the limit."""
+    from streamfuse.fusion.geometry import evaluations_per_element
+
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([torch.relu(a + 1), torch.relu(b * 2), torch.relu(c - 1), torch.relu(d)], dim=1)
+        y = F.max_pool2d(y, 3, 2, ceil_mode=True)
+        return F.max_pool2d(y, 3, 1, 1)
+
+    xs = [randn(1, 4, 13, 13, seed=i) for i in range(4)]
+    compiled = streamfuse.compile(f, xs, config)
+    assert_close_to_reference(compiled(*xs), f, xs)
+    kernels = [g for g in compiled.plan.groups if g.kind.generated]
+    for g in kernels:
+        evaluations, distinct = evaluations_per_element(g.nodes)
+        assert evaluations - distinct <= config.max_recomputed_evaluations, g.name
+    pools = [g for g in kernels if sum(n.op == "aten.max_pool2d.default" for n in g.nodes) == 2]
+    assert not pools, "both pools in one kernel"
+    assert any("recomputation" in r.reason for r in compiled.plan.refusals)

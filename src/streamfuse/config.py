@@ -41,6 +41,12 @@ class Config:
     to give every SM of an H200 two programs of 1024 elements."""
     max_horizontal_parts: int = 64
     """At most this many kernels in one packed launch (their tensors also count against max_kernel_args)."""
+    max_recomputed_evaluations: int = 64
+    """A window (max pooling) fused over its producers recomputes them at each tap, and chained
+    windows multiply that. A fusion whose kernel would evaluate more than this many ops and loads
+    per element beyond one evaluation of each is refused (fusion/geometry.py). One 3x3 pool over a
+    bias + ReLU epilogue recomputes 32; GoogLeNet's two pools over a 4-way cat recomputed 1,369, and
+    that kernel took 496 µs on the H200 where the unfused kernels take a few."""
     max_persistent_reduction: int = 16384
     """Largest reduced extent (elements per row) kept in registers in one pass; larger
     reductions run through ATen (recorded as a refusal)."""
@@ -178,6 +184,7 @@ class Config:
             "max_kernel_args": self.max_kernel_args,
             "max_ops_per_kernel": self.max_ops_per_kernel,
             "max_persistent_reduction": self.max_persistent_reduction,
+            "max_recomputed_evaluations": self.max_recomputed_evaluations,
             "horizontal_max_elements": self.horizontal_max_elements,
             "max_horizontal_parts": self.max_horizontal_parts,
             "pointwise_block": self.pointwise_block,

@@ -23,6 +23,8 @@ from streamfuse.config import Config
 from streamfuse.fusion.groups import GroupKind, ReductionDomain
 from streamfuse.fusion.resources import WARP_SIZE, Occupancy, occupancy
 from streamfuse.ir.graph import Node
+from streamfuse.ir.indexing import pool_params
+from streamfuse.ir.ops import OpKind
 
 DEFAULT_ARCH = "sm_90"
 
@@ -133,4 +135,52 @@ def resource_refusal(fused: Resources, parts: list[tuple[Resources, float]], con
     if after < (1.0 - config.max_occupancy_drop) * before:
         return (f"occupancy would fall to {after:.0%} from {before:.0%} (the replaced kernels', weighted by bytes): "
                 f"more than max_occupancy_drop={config.max_occupancy_drop:.0%} below")
+    return None
+
+
+def evaluations_per_element(nodes: list[Node]) -> tuple[int, int]:
+    """(evaluations, distinct): the ops and loads a generated kernel of `nodes` (topologically
+    ordered) evaluates per element it writes, and how many distinct ops and loads that is.
+
+    Each is evaluated once, except under a gather: a window (max pooling) evaluates its input at
+    each of its taps, so what feeds it is computed again at every shifted index, and multiplicities
+    compose (a window over a window over a cat of four branches evaluates each branch 81 times).
+    A value read at the same index by several consumers counts once (codegen binds it to one
+    variable); a cat evaluates each input once per element (under a guard)."""
+    members = set(nodes)
+    times: dict[Node, int] = {}
+    total = distinct = 0
+    for n in reversed(nodes):
+        reach = times.get(n, 0) or 1  # a group output (or a node read only outside) is written once
+        if n.kind in _COMPUTES:
+            total += reach
+            distinct += 1
+        taps = window_taps(n)
+        for a in n.input_nodes():
+            if a in members:
+                times[a] = max(times.get(a, 0), reach * taps)
+            else:
+                total += reach * taps  # a load
+                distinct += 1
+    return total, distinct
+
+
+_COMPUTES = frozenset({OpKind.POINTWISE, OpKind.REDUCTION, OpKind.CONCAT, OpKind.WINDOW})
+
+
+def window_taps(n: Node) -> int:
+    """How many positions of its input a node reads per element it computes."""
+    if n.kind is not OpKind.WINDOW:
+        return 1
+    kernel = pool_params(n)[0]
+    return math.prod(kernel)
+
+
+def recompute_refusal(nodes: list[Node], config: Config) -> str | None:
+    """Why one kernel of `nodes` would recompute too much (Config.max_recomputed_evaluations)."""
+    evaluations, distinct = evaluations_per_element(nodes)
+    if evaluations - distinct > config.max_recomputed_evaluations:
+        return (f"recomputation: the kernel would evaluate {evaluations} ops and loads per element it writes, "
+                f"{evaluations - distinct} of them again at shifted positions (over max_recomputed_evaluations="
+                f"{config.max_recomputed_evaluations})")
     return None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import networkx as nx
 
 from streamfuse.config import Config
-from streamfuse.fusion.geometry import SPLITS, Resources, estimate, resource_refusal
+from streamfuse.fusion.geometry import SPLITS, Resources, estimate, recompute_refusal, resource_refusal
 from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal
 from streamfuse.fusion.horizontal import pack_horizontal
 from streamfuse.fusion.legality import KernelShape, check_group, node_refusal
@@ -134,6 +134,9 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
         return result
     if result.kind not in (GroupKind.POINTWISE, GroupKind.REDUCTION):
         return 1  # the matmul template's tile is held to the limits by the tuner instead
+    recompute = recompute_refusal(union, config)
+    if recompute is not None:
+        return recompute
     parts = [(check_group(state.members[g], outputs, config), state.split.get(g, 1)) for g in (gp, gc)]
     # The occupancy rule compares pointwise fusions with the pointwise kernels they replace (same
     # geometry: only register pressure changes). Fused persistent reductions keep only the hard
