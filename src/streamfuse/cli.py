@@ -169,42 +169,67 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     import datetime
 
-    from rich.progress import Progress
+    from rich.markup import escape
 
     import streamfuse
-    from streamfuse.bench.report import bar_chart, bench_table, failures
+    from streamfuse.bench.models import MODELS, model_workloads
+    from streamfuse.bench.report import bar_chart, bench_table, failures, models_table, streamfuse_table
     from streamfuse.bench.runner import MODES, run_suite
     from streamfuse.bench.workloads import WORKLOADS, suite
 
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    if args.list:
-        for w in WORKLOADS:
-            console.print(f"{w.name:40} suites: {', '.join(w.suites)}")
-        return 0
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
+    tiny = not cuda if args.tiny is None else args.tiny
     name = args.suite or ("all" if cuda else "quick")
+    models_suite = name == "models"
     try:
-        workloads = suite(name)
+        workloads = model_workloads(args.models, args.batch, args.dtype, tiny) if models_suite else suite(name)
     except ValueError as exc:
-        raise SystemExit(f"error: --suite: {exc}") from None
-    modes = MODES if cuda else ["eager", "streamfuse"]
+        raise SystemExit(f"error: {exc}") from None
+    if args.list:
+        for w in workloads if models_suite else WORKLOADS:
+            console.print(f"{w.name:40} suites: {', '.join(w.suites)}")
+        if not models_suite:
+            console.print("models (--suite models, filtered by --models, --batch, --dtype): "
+                          + ", ".join(spec.name for spec in MODELS))
+        return 0
+    if args.modes:
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+        unknown = [m for m in modes if m not in MODES]
+        if unknown or not modes:
+            raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")
+    elif cuda:
+        modes = MODES
+    else:
+        modes = ["eager", "streamfuse", "sf-backend"] if models_suite else ["eager", "streamfuse"]
     if not cuda:
-        console.print("[yellow]No GPU here: CPU wall-clock times of eager and streamfuse (reference executor); "
-                      "not GPU figures. Run on a CUDA machine for the real suite.[/]")
+        console.print("[yellow]No GPU here: CPU wall-clock times (generated kernels in Triton's interpreter or the "
+                      "reference executor); not GPU figures. Run on a CUDA machine for the real suite.[/]")
     out = Path(args.out)
+    gaps = not models_suite if args.gaps is None else args.gaps
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+    settings = {"suite": name, "modes": modes, "reps": args.reps, "gaps": gaps, "tf32_when_timed": bool(args.tf32)}
+    if models_suite:
+        settings |= {"models": args.models, "batch": args.batch, "dtype": args.dtype, "tiny": tiny}
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("bench", total=len(workloads) * len(modes))
 
         def step(label: str) -> None:
             progress.update(task, description=label, advance=1)
 
-        results = run_suite(workloads, modes, device, streamfuse.Config(cache_dir=out / "cache"), out, step)
+        results = run_suite(workloads, modes, device, streamfuse.Config(cache_dir=out / "cache"), out, step,
+                            cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings)
     card = torch.cuda.get_device_name() if cuda else "CPU"
-    title = f"streamfuse bench ({name}) on {card}, {datetime.date.today().isoformat()}, torch {torch.__version__}"
-    console.print(bench_table(results, modes, title))
+    label = f"{name}, tiny configs" if models_suite and tiny else name
+    title = f"streamfuse bench ({label}) on {card}, {datetime.date.today().isoformat()}, torch {torch.__version__}"
+    if models_suite:
+        console.print(models_table(results, modes, title))
+        console.print(streamfuse_table(results, "streamfuse modes: checks (TF32 off) and compile times"))
+    else:
+        console.print(bench_table(results, modes, title))
     for line in failures(results):
-        console.print(f"[red]failed:[/] {line}")
+        console.print(f"[red]failed:[/] {escape(line)}")
     chart = bar_chart(results, modes, out / "bench.png", title)
     console.print(f"wrote {out / 'bench.json'} and {chart}")
     return 0
@@ -273,10 +298,28 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--gpu", default="H200", choices=["H200", "H100", "A100"],
                       help="GPU whose ceilings a predicted (no-GPU) report uses")
     prof.set_defaults(fn=cmd_profile)
-    bench = sub.add_parser("bench", help="the benchmark suite: eager, CUDA graph, torch.compile (x2), streamfuse")
-    bench.add_argument("--suite", default=None, help="suite name (default: all on a GPU, quick on CPU)")
+    bench = sub.add_parser("bench", help="the benchmark suite: eager, CUDA graph, torch.compile (x2), "
+                           "streamfuse.compile, torch.compile(backend='streamfuse')")
+    bench.add_argument("--suite", default=None,
+                       help="all, quick or models (default: all on a GPU, quick on CPU); models: torchvision and "
+                            "Hugging Face models from random weights, batch 1 and throughput, float32 and bfloat16")
     bench.add_argument("--list", action="store_true", help="list the workloads and their suites")
     bench.add_argument("--out", default="streamfuse-bench", help="directory for bench.json and bench.png")
+    bench.add_argument("--models", default=None, metavar="NAME[,NAME]",
+                       help="models suite: only models whose names contain one of these (e.g. resnet,bert)")
+    bench.add_argument("--batch", default="all", choices=["1", "throughput", "all"],
+                       help="models suite: batch 1, the throughput batch (32 images, 8 sequences), or both")
+    bench.add_argument("--dtype", default="all", choices=["float32", "bfloat16", "all"], help="models suite")
+    bench.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+                       help="models suite: one-layer transformer configs and short inputs (default: on without a GPU)")
+    bench.add_argument("--modes", default=None, help="comma-separated modes (default: all six on a GPU)")
+    bench.add_argument("--reps", type=int, default=None, help="timed calls per mode (default: 50 on CUDA, 10 on CPU)")
+    bench.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                       help="time float32 with TF32 allowed for matmuls and convolutions (default; the correctness "
+                            "checks always run with TF32 off)")
+    bench.add_argument("--gaps", action=argparse.BooleanOptionalAction, default=None,
+                       help="kernels per call and gap ratio by torch.profiler on CUDA, after all timing "
+                            "(default: on, off for the models suite, where it keeps every model alive to the end)")
     bench.set_defaults(fn=cmd_bench)
     calibrate = sub.add_parser("calibrate", help="measure this GPU's ceilings (copy, matmul, launch costs) "
                                "and cache them per device name")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
-from streamfuse.bench.runner import WorkloadResult
+from streamfuse.bench.runner import SF_MODES, ModeResult, WorkloadResult
 
 
 def bench_table(results: list[WorkloadResult], modes: list[str], title: str) -> Table:
@@ -35,8 +36,68 @@ def bench_table(results: list[WorkloadResult], modes: list[str], title: str) -> 
     return table
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"[{'green' if value >= 1 else 'yellow'}]{value:.2f}x[/]"
+
+
+def _time(res: ModeResult | None) -> str:
+    if res is None:
+        return "-"
+    if res.us is not None:
+        return f"{res.us:.1f}"
+    return "[dim]n/a[/]" if res.error in ("needs CUDA",) or (res.error or "").startswith("workload unavailable") \
+        else "[red]failed[/]"
+
+
+def models_table(results: list[WorkloadResult], modes: list[str], title: str) -> Table:
+    """The models suite's times: one row per workload, every mode's µs, and the two streamfuse ratios
+    against torch.compile mode="reduce-overhead" (its time / theirs: above 1 is faster)."""
+    table = Table(title=title)
+    table.add_column("workload", no_wrap=True)
+    for m in modes:
+        table.add_column(f"{m} µs", justify="right")
+    table.add_column("streamfuse vs reduce-overhead", justify="right")
+    table.add_column("backend vs reduce-overhead", justify="right")
+    for r in results:
+        table.add_row(r.workload, *[_time(r.modes.get(m)) for m in modes],
+                      _ratio(r.ratio("streamfuse", "compile-ro")), _ratio(r.ratio("sf-backend", "compile-ro")))
+    return table
+
+
+def streamfuse_table(results: list[WorkloadResult], title: str) -> Table:
+    """One row per workload and streamfuse mode: check, second-batch check, kernels, compile times."""
+    table = Table(title=title)
+    table.add_column("workload", no_wrap=True)
+    table.add_column("mode", no_wrap=True)
+    for col in ("max rel err", "tolerance", "err at 2nd batch", "kernels/call", "cold compile s", "warm compile s"):
+        table.add_column(col, justify="right")
+    table.add_column("status")
+    for r in results:
+        for mode in SF_MODES:
+            res = r.modes.get(mode)
+            if res is None or (res.error or "").startswith("workload unavailable"):
+                continue
+            tol = r.tolerance
+            ok = res.error is None and res.second_error is None
+            err = "-" if res.max_rel_err is None else (
+                f"[{'green' if tol is None or res.max_rel_err <= tol else 'red'}]{res.max_rel_err:.1e}[/]")
+            second = ("-" if res.second_batch is None else
+                      f"b{res.second_batch}: " + ("[red]failed[/]" if res.second_rel_err is None else
+                                                  f"{res.second_rel_err:.1e}"))
+            kernels = (f"{res.kernels_per_call:.0f}" if res.kernels_per_call is not None else
+                       "-" if res.planned_kernels is None else f"{res.planned_kernels} (plan)")
+            problems = "; ".join(filter(None, [res.error, res.second_error]))
+            status = "[green]ok[/]" if ok else f"[red]{escape(problems[:90])}[/]"
+            table.add_row(r.workload, mode, err, "-" if tol is None else f"{tol:.0e}", second, kernels,
+                          "-" if res.compile_s is None else f"{res.compile_s:.1f}",
+                          "-" if res.compile_warm_s is None else f"{res.compile_warm_s:.1f}", status)
+    return table
+
+
 def failures(results: list[WorkloadResult]) -> list[str]:
-    return [f"{r.workload} / {m}: {res.error}" for r in results for m, res in r.modes.items() if res.error]
+    lines = [f"{r.workload} / {m}: {res.error}" for r in results for m, res in r.modes.items() if res.error]
+    return lines + [f"{r.workload} / {m} (extra checks): {res.second_error}"
+                    for r in results for m, res in r.modes.items() if res.second_error]
 
 
 def bar_chart(results: list[WorkloadResult], modes: list[str], path: Path, title: str) -> Path:
@@ -45,7 +106,7 @@ def bar_chart(results: list[WorkloadResult], modes: list[str], path: Path, title
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.1 * len(results) + 3), 5), dpi=110)
+    fig, ax = plt.subplots(figsize=(min(max(8.0, 1.1 * len(results) + 3), 60.0), 5), dpi=110)
     width = 0.8 / max(len(modes), 1)
     for j, mode in enumerate(modes):
         xs, ys = [], []

@@ -1,18 +1,31 @@
-"""Run benchmark workloads in five modes, side by side, in one process.
+"""Run benchmark workloads in six modes, side by side, in one process.
 
 Modes: eager, eager captured in a CUDA graph, torch.compile (default), torch.compile
-mode="reduce-overhead", streamfuse. Each mode is checked against eager before it is timed (a wrong
+mode="reduce-overhead", streamfuse (streamfuse.compile) and sf-backend (torch.compile(backend=
+streamfuse.make_backend(config))). Each mode is checked against eager before it is timed (a wrong
 answer is reported as a failure, not a time); a mode that fails is reported, never fatal.
-Times: CUDA events around back-to-back calls, warm-up first, median (profile/timing.py).
+The check (compile, first call, eager reference) runs with TF32 off (`exact_fp32`); what is timed
+is built again under the process's defaults where they allow TF32 (compilers and graph captures
+bake the setting in when they build). Times: CUDA events around back-to-back calls, warm-up first, median
+(profile/timing.py).
+
+The streamfuse modes also report the kernels their plans launch per call, a check at a second
+batch size where the workload gives one (`Workload.second_inputs`), and with `cold_cache` the
+first compile on a fresh, empty Config.cache_dir and a second compile of a new model object on the
+now warm cache, in the same process (so Triton's and torch's in-process caches are warm as well).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import json
+import shutil
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +35,25 @@ import torch
 from streamfuse.bench.workloads import Workload
 from streamfuse.config import Config
 
-MODES = ["eager", "eager+graph", "compile", "compile-ro", "streamfuse"]
+MODES = ["eager", "eager+graph", "compile", "compile-ro", "streamfuse", "sf-backend"]
+SF_MODES = ("streamfuse", "sf-backend")
+CUDA_MODES = ("eager+graph", "compile-ro")
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+NOTES = {
+    "max_rel_err": "max|out - ref| / max(max|ref|, rel_floor) per output tensor, worst over outputs; eager is "
+                   "the reference; computed with TF32 off (torch.backends.cuda.matmul.allow_tf32 and "
+                   "torch.backends.cudnn.allow_tf32 False), times taken with the process's defaults",
+    "compile_s": "build and first call; for the streamfuse modes with cold_cache, on a fresh empty "
+                 "Config.cache_dir per workload and mode, seeded with the device's calibration (measured once per device, "
+                 "not per model)",
+    "compile_warm_s": "in-process: the same model built again (a new object) and compiled again with the same, "
+                      "now warm, cache_dir (for sf-backend after torch._dynamo.reset()); Triton's kernel cache "
+                      "and torch's in-process caches are warm too",
+    "planned_kernels": "launches in the streamfuse plan(s) per call (CompiledGraph.stats['kernels'], summed over "
+                       "the backend's graphs); kernels_per_call is measured by torch.profiler on CUDA",
+    "second_batch": "the streamfuse modes called at this other batch size with the same compiled object; "
+                    "second_rel_err against eager at that batch",
+}
 
 
 @dataclass
@@ -35,6 +65,11 @@ class ModeResult:
     kernels_per_call: float | None = None
     gap_ratio: float | None = None
     compile_s: float | None = None
+    planned_kernels: int | None = None
+    compile_warm_s: float | None = None
+    second_batch: int | None = None
+    second_rel_err: float | None = None
+    second_error: str | None = None
 
 
 @dataclass
@@ -42,8 +77,11 @@ class WorkloadResult:
     workload: str
     modes: dict[str, ModeResult] = field(default_factory=dict)
 
+    info: dict[str, Any] = field(default_factory=dict)
+    tolerance: float | None = None
+
     def best_other(self) -> tuple[str, float] | None:
-        times = [(m, r.us) for m, r in self.modes.items() if m != "streamfuse" and r.us is not None]
+        times = [(m, r.us) for m, r in self.modes.items() if m not in SF_MODES and r.us is not None]
         return min(times, key=lambda t: t[1]) if times else None  # type: ignore[return-value,arg-type]
 
     def streamfuse_ratio(self) -> float | None:
@@ -51,6 +89,13 @@ class WorkloadResult:
         if best is None or sf is None or sf.us is None:
             return None
         return best[1] / sf.us
+
+    def ratio(self, mode: str, other: str) -> float | None:
+        """Speed-up of `mode` over `other` (other's time / mode's time); None unless both were timed."""
+        a, b = self.modes.get(mode), self.modes.get(other)
+        if a is None or b is None or a.us is None or b.us is None:
+            return None
+        return b.us / a.us
 
 
 def flat_tensors(x: Any) -> list[torch.Tensor]:
@@ -64,15 +109,49 @@ def flat_tensors(x: Any) -> list[torch.Tensor]:
     return []
 
 
-def rel_error(out: Any, ref: Any) -> float:
+def rel_error(out: Any, ref: Any, floor: float = 1.0) -> float:
+    """max|out - ref| / max(max|ref|, floor), worst over the output tensors (floor 0: the plain ratio)."""
     outs, refs = flat_tensors(out), flat_tensors(ref)
     if len(outs) != len(refs):
         raise AssertionError(f"{len(outs)} outputs, eager has {len(refs)}")
     worst = 0.0
     for o, r in zip(outs, refs, strict=True):
-        scale = max(float(r.double().abs().max()), 1.0)
-        worst = max(worst, float((o.double() - r.double()).abs().max()) / scale)
+        if o.shape != r.shape:
+            raise AssertionError(f"output of shape {tuple(o.shape)}, eager gave {tuple(r.shape)}")
+        if r.numel() == 0:
+            continue
+        diff = float((o.double() - r.double()).abs().max())
+        scale = max(float(r.double().abs().max()), floor)
+        worst = max(worst, diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")))
     return worst
+
+
+@contextlib.contextmanager
+def exact_fp32() -> Iterator[None]:
+    """TF32 off for cuBLAS and cuDNN (and so for streamfuse's codegen, which reads the flag) inside."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def describe(exc: BaseException) -> str:
+    """One line for the table and JSON: the exception's type and the first line of its message."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def sf_compile(mode: str, model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Callable[..., Any]:
+    """A streamfuse mode's compiled callable (same positional tensors as model): streamfuse.compile,
+    or torch.compile with the streamfuse backend (compiled lazily, at the first call)."""
+    import streamfuse
+
+    if mode == "streamfuse":
+        return streamfuse.compile(model, inputs, config)
+    if mode == "sf-backend":
+        return torch.compile(model, backend=streamfuse.make_backend(config))  # type: ignore[no-any-return]
+    raise ValueError(f"not a streamfuse mode: {mode!r}")
 
 
 def make_mode(mode: str, workload: Workload, model: Any, inputs: tuple[torch.Tensor, ...],
@@ -86,6 +165,8 @@ def make_mode(mode: str, workload: Workload, model: Any, inputs: tuple[torch.Ten
             return lambda: par(*inputs)
         if mode in ("compile", "compile-ro"):
             models = [torch.compile(m, mode="reduce-overhead" if mode == "compile-ro" else None) for m in models]
+        if mode == "sf-backend":
+            models = [sf_compile(mode, m, x, config) for m, x in zip(models, inputs, strict=True)]
         if mode == "compile-ro":  # several cudagraph-tree models per step: mark each invocation
             def run() -> list[Any]:
                 outs = []
@@ -96,8 +177,8 @@ def make_mode(mode: str, workload: Workload, model: Any, inputs: tuple[torch.Ten
         else:
             run = lambda: [m(x) for m, x in zip(models, inputs, strict=True)]
     else:
-        if mode == "streamfuse":
-            compiled = streamfuse.compile(model, inputs, config)
+        if mode in SF_MODES:
+            compiled = sf_compile(mode, model, inputs, config)
             return lambda: compiled(*inputs)
         fn = model
         if mode in ("compile", "compile-ro"):
@@ -118,51 +199,142 @@ def _graphed(run: Callable[[], Any]) -> Callable[[], Any]:
     return replay
 
 
-def time_us(fn: Callable[[], Any], device: torch.device) -> float:
+def time_us(fn: Callable[[], Any], device: torch.device, reps: int | None = None) -> float:
+    """Median µs per call: CUDA events over `reps` (50) calls on CUDA, the host clock (10) elsewhere."""
     if device.type == "cuda":
         from streamfuse.profile.timing import time_cuda_us
 
-        return time_cuda_us(fn, warmup=10, reps=50)
-    for _ in range(3):
+        return time_cuda_us(fn, warmup=10, reps=reps or 50)
+    for _ in range(min(3, reps or 10)):
         fn()
     samples = []
-    for _ in range(10):
+    for _ in range(reps or 10):
         t = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t) * 1e6)
     return statistics.median(samples)
 
 
+def tolerance(workload: Workload) -> float:
+    return workload.tolerance if workload.tolerance is not None else TOLERANCE.get(workload.dtype, 2e-3)
+
+
 def run_mode(mode: str, workload: Workload, device: torch.device, config: Config, ref: Any,
-             to_profile: list[tuple[ModeResult, Callable[[], Any]]] | None = None) -> ModeResult:
-    """One mode of one workload: compiled, checked against `ref`, timed. On CUDA its gap ratio needs
-    torch.profiler, which slows later four-stream graphs in the process (docs/PERF.md session 10),
-    so the call is appended to `to_profile` for after the suite's timing (profiled now if None)."""
+             to_profile: list[tuple[ModeResult, Callable[[], Any]]] | None = None, *, gaps: bool = True,
+             reps: int | None = None, warm_compile: bool = False) -> ModeResult:
+    """One mode of one workload: compiled, checked against `ref` (TF32 off), timed. On CUDA its gap ratio
+    needs torch.profiler, which slows later four-stream graphs in the process (docs/PERF.md session 10),
+    so the call is appended to `to_profile` for after the suite's timing (profiled now if None; never
+    if not `gaps`). The streamfuse modes then run their extra checks (module docstring)."""
+    from streamfuse.capture.backend import compiled_graphs
+
     result = ModeResult(mode)
+    tol = tolerance(workload)
     try:
         model, inputs = make_seeded(workload, device)
         with torch.no_grad():
-            t0 = time.perf_counter()
-            fn = make_mode(mode, workload, model, inputs, config)
-            out = fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            result.compile_s = time.perf_counter() - t0
-            result.max_rel_err = rel_error(out, ref)
-            tol = TOLERANCE.get(workload.dtype, 2e-3)
+            with exact_fp32():
+                first_graph = len(compiled_graphs)
+                t0 = time.perf_counter()
+                compiled: Callable[..., Any] | None = None
+                if mode in SF_MODES and not workload.parallel:
+                    compiled = sf_compile(mode, model, inputs, config)
+                    fn = lambda: compiled(*inputs)  # noqa: E731
+                else:
+                    fn = make_mode(mode, workload, model, inputs, config)
+                out = fn()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                result.compile_s = time.perf_counter() - t0
+                result.max_rel_err = rel_error(out, ref, workload.rel_floor)
+                del out
+            if mode == "streamfuse" and compiled is not None:
+                result.planned_kernels = int(compiled.stats.get("kernels") or 0)  # type: ignore[attr-defined]
+            elif mode == "sf-backend":
+                result.planned_kernels = sum(int(g.stats["kernels"]) for g in compiled_graphs[first_graph:]
+                                             if hasattr(g, "stats"))
             if result.max_rel_err > tol:
                 result.error = f"wrong result: max relative error {result.max_rel_err:.2e} > {tol:.0e}"
                 return result
-            result.us = time_us(fn, device)
-            if device.type == "cuda":
+            if compiled is not None and workload.second_inputs is not None:
+                check_second_batch(result, workload, model, compiled, device)
+            if warm_compile and mode in SF_MODES:
+                compile_again(result, workload, device, config)
+            if retime_with_defaults(workload, device):
+                # compilers and graph captures bake TF32 in when they build (kernel choice, dot precision):
+                # what is timed is built again under the process's defaults, as a user would run it
+                del fn, compiled
+                if mode in ("compile", "compile-ro", "sf-backend"):
+                    torch._dynamo.reset()
+                model, inputs = make_seeded(workload, device)
+                fn = make_mode(mode, workload, model, inputs, config)
+                fn()
+            result.us = time_us(fn, device, reps)
+            if device.type == "cuda" and gaps:
                 if to_profile is None:
                     profile_gaps(result, fn)
                 else:
                     to_profile.append((result, fn))
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
-        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        result.error = describe(exc)
         result.us = None
     return result
+
+
+def seed_calibration(source: Path, cache_dir: Path, device: torch.device) -> None:
+    """A cold cache_dir still knows the device's ceilings: calibration is once per device (measured
+    into `source` first), not part of any model's first compile."""
+    if device.type != "cuda":
+        return
+    from streamfuse.tune.ceilings import cache_path, ceilings_for
+
+    ceilings_for(device, source, calibrate=True)  # measured once, then read back
+    name = torch.cuda.get_device_name(device)
+    path = cache_path(source, name)
+    if path.exists():
+        target = cache_path(cache_dir, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+
+
+def retime_with_defaults(workload: Workload, device: torch.device) -> bool:
+    """The mode checked with TF32 off must be built again for timing: a float32 workload on CUDA
+    where the process's defaults allow TF32 (for matmuls or convolutions)."""
+    return (device.type == "cuda" and workload.dtype == torch.float32
+            and (torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32))
+
+
+def check_second_batch(result: ModeResult, workload: Workload, model: Any, compiled: Callable[..., Any],
+                       device: torch.device) -> None:
+    """The compiled callable at the workload's second batch size, against eager there (TF32 off)."""
+    assert workload.second_inputs is not None
+    try:
+        with exact_fp32():
+            inputs = workload.second_inputs(model, device)
+            result.second_batch = int(inputs[0].shape[0])
+            ref = model(*inputs)
+            result.second_rel_err = rel_error(compiled(*inputs), ref, workload.rel_floor)
+        tol = tolerance(workload)
+        if result.second_rel_err > tol:
+            result.second_error = f"wrong result: max relative error {result.second_rel_err:.2e} > {tol:.0e}"
+    except Exception as exc:  # noqa: BLE001 - reported beside the mode's (valid) time
+        result.second_error = describe(exc)
+
+
+def compile_again(result: ModeResult, workload: Workload, device: torch.device, config: Config) -> None:
+    """Seconds to build and call the mode again on a new model object, same (now warm) cache_dir."""
+    try:
+        if result.mode == "sf-backend":
+            torch._dynamo.reset()  # else Dynamo's in-memory cache would answer
+        model, inputs = make_seeded(workload, device)
+        with exact_fp32():
+            t0 = time.perf_counter()
+            make_mode(result.mode, workload, model, inputs, config)()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            result.compile_warm_s = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - reported beside the mode's (valid) time
+        result.second_error = "; ".join(filter(None, [result.second_error, f"warm compile: {describe(exc)}"]))
 
 
 def profile_gaps(result: ModeResult, fn: Callable[[], Any]) -> None:
@@ -185,50 +357,83 @@ def make_seeded(workload: Workload, device: torch.device) -> tuple[Any, tuple[to
 
 def reference(workload: Workload, device: torch.device) -> Any:
     model, inputs = make_seeded(workload, device)
-    with torch.no_grad():
+    with torch.no_grad(), exact_fp32():
         if workload.parallel:
             return [m(x) for m, x in zip(model, inputs, strict=True)]
         return model(*inputs)
 
 
 def run_suite(workloads: list[Workload], modes: list[str], device: torch.device, config: Config,
-              out_dir: Path | None = None, progress: Callable[[str], None] | None = None) -> list[WorkloadResult]:
+              out_dir: Path | None = None, progress: Callable[[str], None] | None = None, *,
+              cold_cache: bool = False, gaps: bool = True, reps: int | None = None,
+              settings: dict[str, Any] | None = None) -> list[WorkloadResult]:
+    """Every mode of every workload; bench.json rewritten after each workload when out_dir is given.
+
+    cold_cache: the streamfuse modes compile on a fresh, empty cache_dir per workload and mode, then
+    once more on it warm (ModeResult.compile_warm_s). gaps: measure kernels per call and gap ratios with
+    torch.profiler on CUDA (after all timing; that keeps every mode's compiled callable alive until the
+    end). reps: timed calls per mode (time_us's default if None). settings: recorded in the JSON."""
+    from streamfuse.capture.backend import compiled_graphs
+
     results: list[WorkloadResult] = []
     to_profile: list[tuple[ModeResult, Callable[[], Any]]] = []
-    for workload in workloads:
-        row = WorkloadResult(workload.name)
-        results.append(row)
-        try:
-            ref = reference(workload, device)
-        except Exception as exc:  # noqa: BLE001 - e.g. torchvision missing
+    cold_root = Path(tempfile.mkdtemp(prefix="streamfuse-bench-cold-")) if cold_cache else None
+    try:
+        for index, workload in enumerate(workloads):
+            row = WorkloadResult(workload.name, info=dict(workload.info), tolerance=tolerance(workload))
+            results.append(row)
+            first_graph = len(compiled_graphs)
+            try:
+                ref = reference(workload, device)
+            except Exception as exc:  # noqa: BLE001 - e.g. torchvision missing
+                for mode in modes:
+                    row.modes[mode] = ModeResult(mode, error=f"workload unavailable: {describe(exc)}"[:300])
+                ref = None
             for mode in modes:
-                row.modes[mode] = ModeResult(mode, error=f"workload unavailable: {type(exc).__name__}: {exc}"[:300])
+                if progress:
+                    progress(f"{workload.name}: {mode}")
+                if ref is None:
+                    continue
+                if mode in ("compile", "compile-ro", "sf-backend"):
+                    torch._dynamo.reset()
+                if device.type != "cuda" and mode in CUDA_MODES:
+                    row.modes[mode] = ModeResult(mode, error="needs CUDA")
+                    continue
+                mode_config = config
+                if cold_root is not None and mode in SF_MODES:
+                    mode_config = config.replace(cache_dir=cold_root / f"{index}-{mode}")
+                    seed_calibration(config.cache_dir, mode_config.cache_dir, device)
+                row.modes[mode] = run_mode(mode, workload, device, mode_config, ref, to_profile, gaps=gaps, reps=reps,
+                                           warm_compile=cold_root is not None)
             ref = None
-        for mode in modes if ref is not None else []:
-            if progress:
-                progress(f"{workload.name}: {mode}")
-            if mode in ("compile", "compile-ro"):
-                torch._dynamo.reset()
-            if device.type != "cuda" and mode in ("eager+graph", "compile-ro"):
-                row.modes[mode] = ModeResult(mode, error="needs CUDA")
-                continue
-            row.modes[mode] = run_mode(mode, workload, device, config, ref, to_profile)
-        if out_dir is not None:
-            write_json(results, out_dir / "bench.json", device)
-    if to_profile and progress:
-        progress("gap ratios (torch.profiler, after all timing)")
-    for result, fn in to_profile:
-        profile_gaps(result, fn)
-    to_profile.clear()
+            del compiled_graphs[first_graph:]  # the bench's graphs: let their models go with the workload
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if out_dir is not None:
+                write_json(results, out_dir / "bench.json", device, settings)
+        if to_profile and progress:
+            progress("gap ratios (torch.profiler, after all timing)")
+        for result, fn in to_profile:
+            profile_gaps(result, fn)
+        to_profile.clear()
+    finally:
+        if cold_root is not None:
+            shutil.rmtree(cold_root, ignore_errors=True)
     if out_dir is not None and results:
-        write_json(results, out_dir / "bench.json", device)
+        write_json(results, out_dir / "bench.json", device, settings)
     return results
 
 
-def write_json(results: list[WorkloadResult], path: Path, device: torch.device) -> None:
+def write_json(results: list[WorkloadResult], path: Path, device: torch.device,
+               settings: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    rows = [{"workload": r.workload, **({"info": r.info} if r.info else {}), "tolerance": r.tolerance,
+             "streamfuse_vs_best_other": r.streamfuse_ratio(),
+             "streamfuse_vs_reduce_overhead": r.ratio("streamfuse", "compile-ro"),
+             "backend_vs_reduce_overhead": r.ratio("sf-backend", "compile-ro"),
+             "modes": {m: asdict(v) for m, v in r.modes.items()}} for r in results]
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "card": card,
-           "torch": torch.__version__, "rows": [{"workload": r.workload, "streamfuse_vs_best_other": r.streamfuse_ratio(),
-                                                 "modes": {m: asdict(v) for m, v in r.modes.items()}} for r in results]}
+           "torch": torch.__version__, **({"settings": settings} if settings else {}), "notes": NOTES, "rows": rows}
     path.write_text(json.dumps(doc, indent=1))

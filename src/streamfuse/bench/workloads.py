@@ -22,6 +22,14 @@ class Workload:
     dtype: torch.dtype = torch.float32
     parallel: bool = False
     suites: tuple[str, ...] = ("all",)
+    tolerance: float | None = None
+    """Largest relative error accepted (None: runner.TOLERANCE of the dtype)."""
+    rel_floor: float = 1.0
+    """Relative error = max|out - ref| / max(max|ref|, rel_floor); 0 is the plain definition."""
+    second_inputs: Callable[[Any, torch.device], tuple[torch.Tensor, ...]] | None = None
+    """(model, device) -> inputs at a second batch size: the streamfuse modes are also checked there."""
+    info: tuple[tuple[str, Any], ...] = ()
+    """What the JSON says about the workload beside its name (model, batch, dtype, ...)."""
 
 
 def chain8(x: torch.Tensor) -> torch.Tensor:
@@ -113,9 +121,14 @@ WORKLOADS: list[Workload] = [
 ]
 
 
-def suite(name: str) -> list[Workload]:
+def suite(name: str, tiny: bool = False) -> list[Workload]:
+    """The workloads of a suite; "models" is bench/models.py's (all of them: model_workloads filters)."""
+    if name == "models":
+        from streamfuse.bench.models import model_workloads
+
+        return model_workloads(tiny=tiny)
     chosen = [w for w in WORKLOADS if name in w.suites]
     if not chosen:
-        names = sorted({s for w in WORKLOADS for s in w.suites})
+        names = sorted({s for w in WORKLOADS for s in w.suites} | {"models"})
         raise ValueError(f"suite must be one of {names}, got {name!r}")
     return chosen

@@ -1,0 +1,115 @@
+"""The models suite of `streamfuse bench` (bench/models.py) on CPU: tiny Hugging Face configs through
+both streamfuse entry points, checked against eager; vision workloads without torchvision; the tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+
+from streamfuse.bench.models import MODELS, model_workloads
+from streamfuse.bench.report import failures, models_table, streamfuse_table
+from streamfuse.bench.runner import ModeResult, WorkloadResult, exact_fp32, rel_error, run_suite
+from streamfuse.bench.workloads import Workload, suite
+from streamfuse.cli import main
+
+pytest.importorskip("transformers")
+
+
+def test_models_suite_tiny_transformers_through_both_entry_points(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench"
+    code = main(["bench", "--suite", "models", "--models", "gpt2 decode,llama,distil", "--batch", "1",
+                 "--dtype", "float32", "--tiny", "--reps", "1", "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "streamfuse vs reduce-overhead" in printed and "cold compile s" in printed
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["settings"]["tiny"] is True and "in-process" in doc["notes"]["compile_warm_s"]
+    assert [r["workload"] for r in doc["rows"]] == ["gpt2 decode b1x1 fp32", "distilbert b1x16 fp32",
+                                                    "llama gqa b1x16 fp32"]
+    for row in doc["rows"]:
+        assert row["tolerance"] == 1e-4 and row["info"]["batch"] == 1
+        assert row["modes"]["eager"]["error"] is None
+        for mode in ("streamfuse", "sf-backend"):
+            res = row["modes"][mode]
+            assert res["error"] is None, (row["workload"], mode, res["error"])
+            assert res["second_error"] is None, (row["workload"], mode, res["second_error"])
+            assert res["max_rel_err"] <= 1e-4 and res["second_rel_err"] <= 1e-4 and res["second_batch"] == 3
+            assert res["planned_kernels"] > 0 and res["us"] > 0
+            assert res["compile_s"] > 0 and res["compile_warm_s"] > 0
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_vision_workloads_report_unavailable_without_torchvision(  # type: ignore[no-untyped-def]
+        monkeypatch: pytest.MonkeyPatch, config, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import torchvision -> ImportError, as on CPU here
+    workloads = model_workloads("squeezenet", batch="1", dtype="float32", tiny=True)
+    results = run_suite(workloads, ["eager", "streamfuse", "sf-backend"], torch.device("cpu"), config, tmp_path,
+                        cold_cache=True)
+    assert all(res.error and res.error.startswith("workload unavailable") for res in results[0].modes.values())
+    assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["workload"] == "squeezenet1_1 b1 fp32"
+
+
+def test_extra_checks_fail_beside_a_valid_time(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def make(device: torch.device) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval(), (torch.randn(2, 8),)
+
+    w = Workload("bad second batch", make, tolerance=1e-4, rel_floor=0.0,
+                 second_inputs=lambda model, device: (torch.randn(3, 5),))  # wrong width: eager itself fails
+    (row,) = run_suite([w], ["eager", "streamfuse"], torch.device("cpu"), config, reps=1)
+    sf = row.modes["streamfuse"]
+    assert sf.error is None and sf.us is not None and sf.max_rel_err is not None and sf.max_rel_err <= 1e-4
+    assert sf.second_batch == 3 and sf.second_error and "RuntimeError" in sf.second_error
+    assert any("bad second batch / streamfuse (extra checks): RuntimeError" in line for line in failures([row]))
+
+
+def test_model_list_and_filters() -> None:
+    names = [s.name for s in MODELS]
+    assert len(names) >= 20 and len(set(names)) == len(names)
+    for expected in ("resnet50", "googlenet", "inception_v3", "vit_b_16", "swin_t", "gpt2 decode", "gpt2 prefill",
+                     "bert-base", "distilbert", "roberta-base", "t5-small encoder", "llama gqa"):
+        assert expected in names
+    everything = model_workloads()
+    assert len(everything) == 4 * len(MODELS) and len(suite("models")) == len(everything)
+    full = {w.name: w for w in everything}
+    assert {"resnet50 b32 fp32", "inception_v3 b1 bf16", "bert-base b8x128 fp32", "gpt2 decode b1x1 bf16",
+            "gpt2 decode b8x1 fp32", "llama gqa b1x128 fp32"} <= set(full)
+    assert full["inception_v3 b1 bf16"].info[-1] == ("resolution", 299)
+    assert full["resnet50 b32 fp32"].tolerance == 1e-4 and full["resnet50 b32 bf16"].tolerance == 2e-2
+    chosen = model_workloads("ResNet, t5-small", batch="throughput", dtype="bfloat16")
+    assert [w.name for w in chosen] == ["resnet50 b32 bf16", "t5-small encoder b8x128 bf16"]
+    with pytest.raises(ValueError, match="no model matches"):
+        model_workloads("nope")
+    with pytest.raises(ValueError, match="batch must be"):
+        model_workloads(batch="64")
+
+
+def test_rel_error_and_tf32_switch() -> None:
+    ref = torch.tensor([0.5, -0.25])
+    assert rel_error(ref + 0.005, ref, floor=0.0) == pytest.approx(0.01)
+    assert rel_error(ref + 0.005, ref) == pytest.approx(0.005)  # the other suites' floor of 1
+    assert rel_error((ref, ref * 2 + 0.1), (ref, ref * 2), floor=0.0) == pytest.approx(0.1)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    with exact_fp32():
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_tables_print_both_ratios_against_reduce_overhead() -> None:
+    row = WorkloadResult("bert-base b1x128 bf16", {
+        "eager": ModeResult("eager", us=900.0), "compile-ro": ModeResult("compile-ro", us=300.0),
+        "streamfuse": ModeResult("streamfuse", us=200.0, max_rel_err=3e-3, planned_kernels=40, compile_s=9.0,
+                                 compile_warm_s=2.0, second_batch=3, second_rel_err=4e-3),
+        "sf-backend": ModeResult("sf-backend", error="RuntimeError: [1, 2] boom")}, tolerance=2e-2)
+    assert row.ratio("streamfuse", "compile-ro") == pytest.approx(1.5) and row.ratio("sf-backend", "compile-ro") is None
+    console = Console(width=250, record=True)
+    console.print(models_table([row], ["eager", "compile-ro", "streamfuse", "sf-backend"], "t"))
+    console.print(streamfuse_table([row], "s"))
+    text = console.export_text()
+    assert "1.50x" in text and "40 (plan)" in text and "b3: 4.0e-03" in text and "[1, 2] boom" in text
