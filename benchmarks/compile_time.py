@@ -55,7 +55,8 @@ def main() -> int:
             stages = ", ".join(f"{k} {v:.1f}" for k, v in (stats.get("compile_stages_s") or {}).items() if v >= 0.05)
             print(f"{w.name}: streamfuse {total:.1f} s = compile {stats.get('compile_s') or 0:.1f} "
                   f"+ first call {stats.get('first_call_s') or 0:.1f} [{stages}] "
-                  f"kernels {stats.get('kernels')}, fallback {stats.get('fallback')}", flush=True)
+                  f"kernels {stats.get('kernels')}, fallback {stats.get('fallback')}, "
+                  f"capture: {stats.get('capture_path')}, {jit_variants(compiled)}", flush=True)
             if args.peer:
                 torch._dynamo.reset()
                 start = time.perf_counter()
@@ -67,6 +68,20 @@ def main() -> int:
         del model, compiled
         torch.cuda.empty_cache()
     return 0
+
+
+def jit_variants(compiled: object) -> str:
+    """Binaries Triton holds per generated kernel after the first call: 1 where the kernel compiled
+    ahead (runtime/precompile.py) was the one launched, more where a launch compiled its own."""
+    from streamfuse.runtime.steps import KernelStep
+
+    counts = []
+    for step in getattr(getattr(compiled, "base", None), "steps", []):
+        if isinstance(step, KernelStep):
+            caches = getattr(step.kernel, "device_caches", {})
+            counts.append(sum(len(c[0]) for c in caches.values()))
+    extra = sum(c - 1 for c in counts if c > 1)
+    return f"{len(counts)} kernels, {extra} compiled again at launch"
 
 
 if __name__ == "__main__":

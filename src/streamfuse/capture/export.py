@@ -38,6 +38,8 @@ class Captured:
     out_spec: pytree.TreeSpec
     input_names: list[str]
     mutated: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    how: str = "one trace"
+    """Which capture path made the graph: "one trace", or "torch.export" with why the first did not apply."""
 
 
 def parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
@@ -76,8 +78,10 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
     live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     try:
         return _capture_one_trace(module, tuple(example_inputs), live, names)
-    except _NotOneTrace:
-        return _capture_export(module, tuple(example_inputs), live, names)
+    except _NotOneTrace as exc:
+        captured = _capture_export(module, tuple(example_inputs), live, names)
+        captured.how = f"torch.export (one trace did not apply: {str(exc).strip().splitlines()[0][:200]})"
+        return captured
 
 
 class _NotOneTrace(Exception):

@@ -69,6 +69,8 @@ class CompiledGraph:
         """Input signature -> the model compiled for it, least recently used first."""
         self.compile_s: float | None = None
         """Seconds the compile of this plan took (set by streamfuse.compile)."""
+        self.capture_path: str | None = None
+        """How streamfuse.compile captured the model (capture/export.py), None on the backend path."""
         self.first_call_s: float | None = None
         """Seconds the first call took: Triton compiles the kernels and the CUDA graph is recorded."""
         self.config = base.config
@@ -320,6 +322,7 @@ class CompiledGraph:
             "specializations": len(self.specializations),
             "compile_s": self.compile_s,
             "first_call_s": self.first_call_s,
+            "capture_path": self.capture_path,
             "compile_stages_s": {k: round(v, 3) for k, v in self.base.compile_times.items()},
             "executor": self.base.executor,
             "device": str(self.base.device),
