@@ -109,6 +109,7 @@ def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
     if compiled.graph.notes:
         out += ["", "graph rewrites:"] + [f"  {note}" for note in compiled.graph.notes]
     out += ["", *_schedule_lines(compiled)]
+    out += ["", *_compile_lines(compiled)]
     out += ["", f"refused fusions ({len(plan.refusals)}):"]
     out += [f"  {r}" for r in plan.refusals] or ["  (none)"]
     if source and compiled.sources:
@@ -117,6 +118,35 @@ def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
             if g.id in compiled.sources:
                 out += ["", compiled.sources[g.id].source.rstrip()]
     return "\n".join(out)
+
+
+def _compile_lines(compiled: CompiledGraph) -> list[str]:
+    """How the plan was built and what it falls back to: capture path, stage times, kernels that
+    did not compile, plans for other shapes, and the eager fallback if the plan failed."""
+    s = compiled.stats
+    stages = ", ".join(f"{k} {v:.2f}" for k, v in (s.get("compile_stages_s") or {}).items() if v >= 0.005)
+    lines = [f"compile: {s['compile_s']:.2f} s" if s.get("compile_s") is not None else "compile:"]
+    lines[0] += f" ({stages})" if stages else ""
+    if s.get("first_call_s") is not None:
+        lines[0] += f"; first call {s['first_call_s']:.2f} s"
+    if compiled.capture_path is not None:
+        lines.append(f"  captured by {compiled.capture_path}")
+    for failure in compiled.base.precompile_failures:
+        lines.append(f"  not compiled ahead (its first launch compiles it): {failure}")
+    for step in compiled.base.steps:
+        if isinstance(step, KernelStep) and step.failure is not None:
+            lines.append(f"  runs through ATen: {step.failure}")
+    if compiled.eager_reason is not None:
+        lines.append(f"  every call runs the model eagerly: {compiled.eager_reason}")
+    if compiled.specializations:
+        lines.append(f"plans for other input shapes or dtypes ({len(compiled.specializations)} kept, at most "
+                     f"{compiled.config.max_specializations}, least recently used out):")
+        for key, other in compiled.specializations.items():
+            shapes = ", ".join(f"{list(shape)} {str(dtype).removeprefix('torch.')}" for shape, dtype, _ in key)
+            cost = other.stats.get("compile_s")
+            lines.append(f"  ({shapes}): " + (f"compiled in {cost:.2f} s, {other.stats['kernels']} kernels"
+                                                if cost is not None else str(other.stats.get("fallback"))))
+    return lines
 
 
 def _schedule_lines(compiled: CompiledGraph) -> list[str]:
