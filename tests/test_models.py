@@ -74,8 +74,9 @@ MODELS: dict[str, Callable[[], nn.Module]] = {
     "gpt2": _gpt2, "bert": _bert, "distilbert": _distilbert, "roberta": _roberta, "t5-encoder": _t5_encoder,
     "llama-gqa": _llama,
 }
-# (batch, tokens): the example shape first, then other shapes of the same model
-SHAPES = [(2, 9), (1, 1), (3, 16)]
+# (batch, tokens): the example shape first, then other shapes of the same model: another batch
+# (padded up to its bucket: the rows are provably independent), then other lengths (plans of their own)
+SHAPES = [(2, 9), (3, 9), (1, 1), (3, 16)]
 
 
 def _model(name: str) -> nn.Module:
@@ -100,9 +101,11 @@ def test_streamfuse_compile_matches_eager_at_several_shapes(name: str, config: A
         compiled = streamfuse.compile(model, (_ids(*SHAPES[0], seed=0),), config)
         assert isinstance(compiled, streamfuse.CompiledGraph)
         assert compiled.stats["generated_kernels"] > 0
+        assert compiled.batch_reason is None, compiled.batch_reason  # the batch pads to a bucket
         for k, shape in enumerate(SHAPES):
             ids = _ids(*shape, seed=k + 1)
             _close(compiled(ids), model(ids))
+    assert compiled.stats["specializations"] == 2  # the two other lengths; batch 3 was padded to 4
 
 
 @pytest.mark.parametrize("name", list(MODELS))

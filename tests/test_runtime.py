@@ -82,6 +82,20 @@ def test_max_streams_caps_and_chain_uses_one_stream(config) -> None:  # type: ig
         (lambda x: torch.cumsum(x, 1), (4, 8), True),
         (lambda x: torch.cat([x, x], 0), (4, 8), False),
         (lambda x: torch.cat([x, x], 1), (4, 8), True),
+        # rules from the ops' semantics (their dim arguments, ATen's pointwise tag), not model names
+        (lambda x: (x > 0).any(1, keepdim=True) * x, (4, 8), True),
+        (lambda x: (x > 0).any(0, keepdim=True) * x, (4, 8), False),
+        (lambda x: torch.bitwise_and(x > 0, x < 1) * x, (4, 8), True),
+        (lambda x: torch.index_select(x, 1, torch.tensor([0, 2])), (4, 8), True),
+        (lambda x: torch.index_select(x, 0, torch.tensor([0, 2, 1, 3])), (4, 8), False),
+        (lambda x: torch.gather(x, 1, torch.argsort(x, 1)), (4, 8), True),
+        (lambda x: torch.roll(x, 1, 1), (4, 8), True),
+        (lambda x: torch.roll(x, 1, 0), (4, 8), False),
+        (lambda x: torch.flip(x, [0]), (4, 8), False),
+        # advanced indexing: by the batch's own positions (HF attention masks), or on other dims only
+        (lambda x: x[torch.arange(4)[:, None], torch.tensor([1, 0, 3])[None, :]], (4, 8), True),
+        (lambda x: x[torch.tensor([3, 2, 1, 0])[:, None], torch.tensor([1, 0, 3])[None, :]], (4, 8), False),
+        (lambda x: x[:, torch.tensor([1, 0, 3])], (4, 8), True),
     ],
 )
 def test_batch_independence_analysis(fn, shape, independent) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.ops import OpKind, packet_name
 
@@ -20,21 +22,55 @@ CONST = "const"
 class Rows:
     k: int
     """Rows of dim 0 per batch element."""
+    iota: bool = False
+    """The values are the batch element's own index (torch.arange(batch), possibly reshaped): as an
+    index along dim 0 it selects each element's own rows."""
 
 
 State = str | Rows
 
-# Opaque or contraction ops that treat dim 0 as a batch of independent rows when their
-# batch-carrying inputs have it at dim 0 (the op-specific checks below cover the dim argument).
+# Ops that map over dim 0: each batch element's result comes from that element's rows alone, when
+# their batch-carrying inputs have the batch at dim 0 (weights and index tables are constants).
 _ROW_WISE = {
     "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
     "max_pool2d_with_indices", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "_adaptive_avg_pool2d",
     "upsample_nearest2d", "upsample_bilinear2d", "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_flash_attention", "_scaled_dot_product_cudnn_attention",
-    "scaled_dot_product_attention", "embedding", "index_select",
+    "_scaled_dot_product_flash_attention_for_cpu", "scaled_dot_product_attention", "embedding",
+    "native_group_norm", "native_layer_norm", "_native_batch_norm_legit_no_training", "tril", "triu",
+    "lift_fresh_copy", "clone", "alias", "_to_copy", "copy",
 }
-_DIM_ARG = {"cat": 1, "split": 2, "split_with_sizes": 2, "unbind": 1, "chunk": 2, "sort": 1, "cumsum": 1,
-            "topk": 3, "argmax": 1, "argmin": 1, "max": 1, "min": 1, "_log_softmax": 1, "_softmax": 1}
+# Ops that work along the dims their `dim` (or `dims`) argument names and map over every other dim:
+# reductions, scans, sorts, selections along a dim, concatenation and splitting. Rows stay
+# independent exactly when the batch dim is not among those dims; the argument is read by name
+# from the op's schema, its default where the call leaves it out (None or [] means every dim).
+_ALONG_DIMS = {
+    "any", "all", "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "logsumexp", "norm",
+    "linalg_vector_norm", "std", "var", "std_mean", "var_mean", "count_nonzero", "_softmax", "_log_softmax",
+    "softmax", "log_softmax", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "sort", "argsort", "topk",
+    "kthvalue", "median", "mode", "flip", "roll", "gather", "scatter", "scatter_add", "scatter_reduce",
+    "index_select", "index_add", "index_copy", "index_fill", "glu", "diff", "cat", "split", "split_with_sizes",
+    "unbind", "chunk", "narrow",
+}
+
+
+def _dims(n: Node) -> list[int] | None:
+    """The dims `n` works along (normalized), read from its `dim`/`dims` argument; None for every dim."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is None:
+        return None
+    for pos, arg in enumerate(schema.arguments):
+        if arg.name not in ("dim", "dims"):
+            continue
+        value = n.kwargs[arg.name] if arg.name in n.kwargs else n.args[pos] if pos < len(n.args) else \
+            arg.default_value if arg.has_default_value() else None
+        if value is None or value == []:
+            return None
+        src = n.args[0]
+        first = src[0] if isinstance(src, (list, tuple)) and src else src
+        rank = max(len(first.shape), 1) if isinstance(first, Node) else 1
+        return [d % rank for d in ([value] if isinstance(value, int) else list(value))]
+    return None
 
 
 def batch_rows(graph: Graph) -> dict[Node, State] | str:
@@ -66,6 +102,8 @@ def _transfer(n: Node, state: dict[Node, State], batch: int) -> State | tuple[st
     ins = [state[a] for a in n.input_nodes() if a in state]
     rows = [s for s in ins if isinstance(s, Rows)]
     if not rows:
+        if _is_batch_arange(n, batch):
+            return Rows(1, iota=True)
         src = n.args[0] if n.args else None
         if packet_name(n.op) == "expand" and isinstance(src, Node) and n.shape and n.shape[0] % batch == 0 \
                 and (len(src.shape) < len(n.shape) or src.shape[0] != n.shape[0]):
@@ -74,35 +112,73 @@ def _transfer(n: Node, state: dict[Node, State], batch: int) -> State | tuple[st
     if n.kind is OpKind.GETITEM:
         return rows[0]
     name = packet_name(n.op)
-    if n.kind in (OpKind.POINTWISE, OpKind.BROADCAST):
+    if n.kind in (OpKind.POINTWISE, OpKind.BROADCAST) or _tagged_pointwise(n):
         for a in n.input_nodes():
             if isinstance(state.get(a), Rows) and (len(a.shape) != len(n.shape) or a.shape[0] != n.shape[0]):
                 return ("a batch-carrying operand is broadcast along dim 0",)
         if len({s.k for s in rows}) > 1:
             return ("operands group dim 0 differently",)
+        return Rows(rows[0].k)
+    if name == "index":
+        return _index(n, state)
+    if n.kind is OpKind.REDUCTION or name in _ALONG_DIMS:
+        dims = _dims(n)
+        if dims is None or 0 in dims:
+            return ("reduces over the batch dimension",) if n.kind is OpKind.REDUCTION else \
+                ("works along the batch dimension",)
+        if len({s.k for s in rows}) > 1:
+            return ("operands group dim 0 differently",)
+        if n.is_tensor and (not n.shape or n.shape[0] % batch):
+            return ("result has no batch at dim 0",)
         return rows[0]
-    if n.kind is OpKind.REDUCTION:
-        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
-        src = n.args[0]
-        rank = len(src.shape) if isinstance(src, Node) else 0
-        if dims is None or (isinstance(dims, (list, tuple)) and (len(dims) == 0 or any(d % rank == 0 for d in dims))):
-            return ("reduces over the batch dimension",)
-        return rows[0]
-    if n.kind is OpKind.VIEW and name not in _DIM_ARG:
+    if n.kind is OpKind.VIEW:
         return _view(n, rows[0], batch)
-    if name in _DIM_ARG:
-        pos = _DIM_ARG[name]
-        dim = n.args[pos] if len(n.args) > pos else n.kwargs.get("dim", 0 if name in ("cat",) else -1)
+    if name == "constant_pad_nd":  # pads the last len(pad) // 2 dims
+        pad = n.args[1] if len(n.args) > 1 else n.kwargs.get("pad", [])
         src = n.args[0]
-        rank = len(src[0].shape if isinstance(src, list) else src.shape)  # type: ignore[union-attr]
-        if isinstance(dim, int) and dim % max(rank, 1) == 0:
-            return ("works along the batch dimension",)
-        return rows[0]
+        return rows[0] if isinstance(src, Node) and len(pad) // 2 < len(src.shape) else ("pads the batch dimension",)
     if name in _ROW_WISE:
         if not n.is_tensor:  # several results (read through getitem): each has the batch at dim 0
             return rows[0]
         return rows[0] if n.shape and n.shape[0] % batch == 0 else ("result has no batch at dim 0",)
     return ("opaque op: rows are not known to be independent",)
+
+
+def _tagged_pointwise(n: Node) -> bool:
+    """ATen marks elementwise ops with torch.Tag.pointwise (bitwise ops, comparisons, ...): they map
+    over every dim, whatever streamfuse's fusion table says about generating them."""
+    return torch.Tag.pointwise in getattr(n.target, "tags", ())
+
+
+def _is_batch_arange(n: Node, batch: int) -> bool:
+    """torch.arange(batch) (start 0, step 1): each value is its own position along dim 0."""
+    if packet_name(n.op) != "arange" or n.shape != (batch,):
+        return False
+    numbers = [a for a in n.args if isinstance(a, (int, float))]
+    start, step = (numbers[0], numbers[2] if len(numbers) > 2 else 1) if len(numbers) > 1 else (0, 1)
+    return start == 0 and step == 1
+
+
+def _index(n: Node, state: dict[Node, State]) -> State | tuple[str]:
+    """aten.index.Tensor (advanced indexing, self[i0, i1, ...]): rows stay independent where dim 0 is
+    either not indexed (then the indexed dims must be adjacent, so the result keeps dim 0 first) or
+    indexed by the batch's own positions (Rows.iota) with the other indices not carrying the batch."""
+    src, indices = n.args[0], list(n.args[1]) if len(n.args) > 1 else []
+    src_state = state.get(src) if isinstance(src, Node) else None
+    used = [i for i, x in enumerate(indices) if x is not None]
+    others = [state.get(indices[i]) for i in used if i != 0]
+    if not isinstance(src_state, Rows) or any(isinstance(o, Rows) for o in others):
+        return ("indexes with tensors that carry the batch",)
+    if not used:
+        return src_state
+    first = state.get(indices[0]) if indices and indices[0] is not None else None
+    if indices[0] is None:
+        if used != list(range(used[0], used[-1] + 1)):
+            return ("non-adjacent advanced indices move the result's dims",)
+        return Rows(src_state.k)
+    if isinstance(first, Rows) and first.iota and src_state.k == 1:
+        return Rows(1)
+    return ("indexes the batch dimension",)
 
 
 def _view(n: Node, src_state: Rows, batch: int) -> State | tuple[str]:
@@ -115,7 +191,8 @@ def _view(n: Node, src_state: Rows, batch: int) -> State | tuple[str]:
         # a row-major reshape keeps each batch element's elements contiguous; output rows stay
         # inside one element exactly when dim 0 is a multiple of the batch
         if n.shape and n.shape[0] % batch == 0 and n.shape[0] >= batch:
-            return Rows(n.shape[0] // batch)
+            k = n.shape[0] // batch
+            return Rows(k, iota=src_state.iota and k == 1 and src_state.k == 1)
         return ("reshape moves the batch out of dim 0",)
     if name in ("permute", "transpose", "t"):
         from streamfuse.ir.indexing import permutation
