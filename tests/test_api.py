@@ -216,3 +216,18 @@ def test_a_function_without_inputs(config) -> None:  # type: ignore[no-untyped-d
     torch.testing.assert_close(compiled(), torch.softmax(table * 2, -1))
     with pytest.raises(ValueError, match="expected 0 input tensor"):
         compiled(table)
+
+
+def test_compile_results_carry_no_partial_gradients(config) -> None:  # type: ignore[no-untyped-def]
+    """Generated kernels record no autograd graph: results that kept one through the ATen steps
+    alone would give partial gradients, silently. streamfuse.compile's results carry none, and a
+    call with grad enabled on a model that requires grad says to train through the backend."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+    x = randn(3, 8)
+    compiled = streamfuse.compile(model, (x,), config)
+    with pytest.warns(UserWarning, match="for inference"):
+        out = compiled(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        out.sum().backward()

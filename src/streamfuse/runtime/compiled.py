@@ -11,6 +11,7 @@ on its streams.
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,9 @@ class CompiledGraph:
         warning naming the reason. Bad input still raises."""
         if self.eager_reason is not None:
             return self.eager(*inputs)  # type: ignore[misc]
+        if self.call.out_spec is not None and torch.is_grad_enabled() and self._wants_grad(inputs):
+            warnings.warn("streamfuse.compile is for inference: its results carry no gradients (backward() on them "
+                          "raises). To train, use torch.compile(model, backend='streamfuse').", UserWarning, stacklevel=3)
         start = time.perf_counter()
         try:
             out = call(inputs)
@@ -148,6 +152,11 @@ class CompiledGraph:
             torch.cuda.synchronize(self.device)
         self.first_call_s = time.perf_counter() - start
         return out
+
+    def _wants_grad(self, inputs: Sequence[Any]) -> bool:
+        """Some parameter or input requires grad (so eager would have recorded a graph)."""
+        return any(isinstance(t, torch.Tensor) and t.requires_grad
+                   for t in (*inputs, *self.base.graph.constants.values()))
 
     def _call(self, inputs: tuple[Any, ...]) -> Any:
         try:

@@ -267,7 +267,12 @@ class Executable:
         no buffer is released during the run and every buffer is appended to it (CUDA-graph capture:
         memory is then never reused within the graph, whatever stream reads it). `one_stream`
         issues every step on the current stream in plan order (benchmarks: the same kernels
-        without the stream plan)."""
+        without the stream plan). Runs without autograd: the generated kernels record no graph, so
+        results that carried one only through the ATen steps would give partial gradients."""
+        with torch.no_grad():
+            return self._run(inputs, keep_alive, one_stream)
+
+    def _run(self, inputs: Sequence[Any], keep_alive: list[Any] | None, one_stream: bool) -> list[Any]:
         if self.rng is not None:
             self.rng.advance()
         env: list[Any] = [None] * len(self.graph.nodes)
