@@ -208,7 +208,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       "reference executor); not GPU figures. Run on a CUDA machine for the real suite.[/]")
     out = Path(args.out)
     gaps = not models_suite if args.gaps is None else args.gaps
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.tf32)
     settings = {"suite": name, "modes": modes, "reps": args.reps, "gaps": gaps, "tf32_when_timed": bool(args.tf32)}
     if models_suite:
         settings |= {"models": args.models, "batch": args.batch, "dtype": args.dtype, "tiny": tiny}
@@ -218,8 +217,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         def step(label: str) -> None:
             progress.update(task, description=label, advance=1)
 
-        results = run_suite(workloads, modes, device, streamfuse.Config(cache_dir=out / "cache"), out, step,
-                            cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings)
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+        try:
+            results = run_suite(workloads, modes, device, streamfuse.Config(cache_dir=out / "cache"), out, step,
+                                cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     card = torch.cuda.get_device_name() if cuda else "CPU"
     label = f"{name}, tiny configs" if models_suite and tiny else name
     title = f"streamfuse bench ({label}) on {card}, {datetime.date.today().isoformat()}, torch {torch.__version__}"
