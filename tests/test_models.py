@@ -164,3 +164,22 @@ def test_unconvertible_graph_runs_eagerly_with_one_warning(config: Any) -> None:
     assert isinstance(compiled, streamfuse.EagerFallback)
     assert "capture or planning failed" in compiled.explain()
     torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_backend_binds_parameters_of_inference_graphs(config: Any) -> None:
+    """Config.backend_cuda_graphs: an inference graph binds its parameters as constants at its first
+    call (on CUDA its CUDA graphs then copy in only the token ids); a replaced parameter takes the
+    plan over every argument, so results stay eager's."""
+    model = _model("gpt2")
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config.replace(backend_cuda_graphs=True)))
+    ids = _ids(2, 9, seed=1)
+    with torch.no_grad():
+        _close(fast(ids), model(ids))
+        graph = backend_module.compiled_graphs[-1]
+        assert isinstance(graph, backend_module.StaticParamsGraph)
+        assert graph.compiled is not None and len(graph.static) > 10
+        assert len(graph.compiled.graph.inputs) == 1  # the token ids alone
+        _close(fast(_ids(2, 9, seed=2)), model(_ids(2, 9, seed=2)))
+        model.model.lm_head.weight = nn.Parameter(torch.randn_like(model.model.lm_head.weight))  # untied, new
+        _close(fast(ids), model(ids))

@@ -143,6 +143,12 @@ class Config:
     independent along dim 0 (otherwise only the compiled shape is accepted)."""
     max_graphs: int = 8
     """At most this many recorded graphs; the least recently used is evicted."""
+    backend_cuda_graphs: bool = False
+    """Experimental (not yet run on a GPU): through torch.compile(backend="streamfuse"), an inference
+    graph binds its parameters and buffers as constants at its first call (on any device), so on
+    CUDA its graphs are recorded and replayed copying in only the other inputs, as
+    streamfuse.compile's are. Off: the backend passes every argument on every call and runs its
+    graphs on streams without CUDA graphs."""
     max_specializations: int = 8
     """A call whose input shapes (beyond a batch that pads to a bucket) or dtypes differ from the
     compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model

@@ -146,9 +146,75 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
         return EagerGraph(gm, f"conversion or planning failed: {failure_text(exc)}")
 
 
-def _compiler(config: Config) -> Any:
+class StaticParamsGraph:
+    """An inference graph whose parameters and buffers (AOTAutograd's static inputs) are bound as
+    constants at the first real call, so the plan's CUDA graphs copy in only the other inputs, as
+    streamfuse.compile's do (Config.backend_cuda_graphs). A call whose static arguments are not the
+    same tensors as at that first call (a module's parameter replaced) runs the plan that takes
+    every argument (`fallback`), and so does every call if binding failed (`reason`)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int], fallback: CompiledGraph):
+        self.gm = gm
+        self.config = config
+        self.static = static
+        self.fallback = fallback
+        self.compiled: CompiledGraph | None = None
+        self.reason: str | None = None
+        self.bound: list[torch.Tensor] = []
+        self.dynamic: list[int] = []
+
+    def run_flat(self, args: list[Any]) -> list[Any]:
+        if self.compiled is None and self.reason is None:
+            self._bind(args)
+        if self.compiled is not None and all(args[i] is t for i, t in zip(self.static, self.bound, strict=True)):
+            return self.compiled(*[args[i] for i in self.dynamic])  # type: ignore[no-any-return]
+        return self.fallback.run_flat(args)
+
+    def _bind(self, args: list[Any]) -> None:
+        placeholders = [n.name for n in self.gm.graph.nodes if n.op == "placeholder"]
+        bound = [args[i] for i in self.static]
+        static, gm = set(self.static), self.gm
+        dynamic = [i for i in range(len(args)) if i not in static]
+
+        def eager(*tensors: Any) -> list[Any]:
+            full = list(args)
+            for i, t in zip(dynamic, tensors, strict=True):
+                full[i] = t
+            return list(gm(*full))
+
+        try:
+            graph = graph_from_fx(gm, {placeholders[i]: t for i, t in zip(self.static, bound, strict=True)})
+            self.compiled = build(graph, self.config, graph_device(graph, bound), eager=eager)
+        except Exception as exc:  # noqa: BLE001 - the plan over every argument stays in use
+            self.reason = f"binding the static inputs failed: {failure_text(exc)}"
+            return
+        self.bound, self.dynamic = bound, dynamic
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return (self.compiled or self.fallback).stats
+
+    def explain(self, source: bool = True) -> str:
+        if self.compiled is None:
+            why = self.reason or "not yet called"
+            return f"inference graph, parameters passed on every call ({why})\n" + self.fallback.explain(source)
+        return (f"inference graph with {len(self.static)} parameters and buffers bound as constants at its first "
+                "call (CUDA graphs copy in only the other inputs)\n" + self.compiled.explain(source))
+
+
+def _static_inputs() -> list[int]:
+    """AOTAutograd's static inputs of the graph being compiled (parameters and buffers)."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    return list(getattr(meta, "static_input_indices", None) or [])
+
+
+def _compiler(config: Config, inference: bool = False) -> Any:
     def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         compiled = SymbolicGraph(gm, config) if _is_symbolic(gm) else compile_graph(gm, example_inputs, config)
+        static = _static_inputs() if inference else []
+        if static and isinstance(compiled, CompiledGraph) and config.backend_cuda_graphs:
+            compiled = StaticParamsGraph(gm, config, static, compiled)
         compiled_graphs.append(compiled)
 
         def run(args: list[Any]) -> list[Any]:
@@ -162,8 +228,10 @@ def _compiler(config: Config) -> Any:
 
 def make_backend(config: Config | None = None) -> Any:
     """A torch.compile backend with a given Config: torch.compile(m, backend=make_backend(cfg))."""
-    compiler = _compiler(config or Config())
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table())
+    config = config or Config()
+    compiler = _compiler(config)
+    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, inference_compiler=_compiler(config, inference=True),
+                        decompositions=decomposition_table())
 
 
 def streamfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
@@ -178,5 +246,5 @@ def register() -> None:
         register_backend(compiler_fn=streamfuse_backend, name="streamfuse")
 
 
-__all__ = ["CompiledGraph", "EagerGraph", "SymbolicGraph", "compile_graph", "make_backend", "register",
+__all__ = ["CompiledGraph", "EagerGraph", "StaticParamsGraph", "SymbolicGraph", "compile_graph", "make_backend", "register",
            "streamfuse_backend"]
