@@ -46,7 +46,7 @@ def _info() -> dict[str, KernelInfo]:
 
 
 def _samples() -> list[DeviceSample]:
-    return [DeviceSample(0.1 * i, 50.0 + 10 * i, 1900.0 + i, 4000.0 + 100 * i) for i in range(4)]
+    return [DeviceSample(0.1 * i, 50.0 + 10 * i, 1900.0 + i, 4000.0 + 100 * i) for i in range(12)]
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +168,7 @@ def test_html_kernel_table_and_samples(reports: dict[str, ProfileReport], tmp_pa
     assert gemm[9] == "registers" and gemm[8] == "12"
     softmax = next(r for r in rows if r[0] == "softmax")
     assert softmax[5:10] == ["-"] * 5  # nothing known about it
-    assert "NVML samples" in raw and "4300" in raw  # max memory used
+    assert "NVML samples" in raw and "5100" in raw  # max memory used
     assert "NVML samples" not in write_html(reports["predicted"], tmp_path / "p.html").read_text()
 
 
@@ -190,7 +190,8 @@ def test_render_summary(kind: str, reports: dict[str, ProfileReport]) -> None:
     assert f"({report.tag})" in text
     assert f"gap ratio {100 * report.totals['gap_ratio']:.1f}%" in text
     for stat in report.streams:
-        assert f"{100 * stat.gap_ratio:.1f}" in text
+        assert f"{100 * stat.busy_share:.1f}" in text
+        assert 0.0 <= stat.busy_share <= 1.0
     for recommendation in report.recommendations:
         assert recommendation[:40] in text
     if report.kernels:
@@ -243,3 +244,12 @@ def test_measured_multi_stream_gaps_come_with_the_profiler_caveat(reports) -> No
     one_stream = build_report("one", "NVIDIA H200", [iv for iv in _intervals() if iv.stream == 7], predicted=False,
                               calls=3, ceilings=CEILINGS["H200"])
     assert not any("CUPTI" in r for r in one_stream.recommendations)
+
+
+def test_too_few_nvml_samples_say_so(tmp_path: Path) -> None:
+    """Four readings of a short run (NVML averages utilization over up to a second) are no reading:
+    the report says so instead of printing a number (a busy GPU once read 0.0% this way)."""
+    few = [DeviceSample(0.01 * i, 0.0, 1900.0, 4000.0) for i in range(4)]
+    report = build_report("short", "NVIDIA H200", _intervals(), predicted=False, calls=3, samples=few)
+    raw = write_html(report, tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "too few to read utilization" in raw and "0.0" not in _table_rows(raw, "NVML samples")[0]

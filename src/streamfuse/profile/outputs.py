@@ -27,7 +27,12 @@ TOP_KERNELS = 15
 LEGEND_KERNELS = 10
 NAME_WIDTH = 40
 
-STREAM_HEADERS = ("stream", "kernels", "busy µs", "span µs", "gap ratio %")
+STREAM_HEADERS = ("stream id (trace)", "kernels", "busy µs", "busy % of the run")
+STREAM_NOTE = ("stream ids as the trace records them: a replayed CUDA graph's branches run on streams the driver "
+               "picks, so there can be more ids than the plan has streams; the run's gap ratio is in the totals")
+MIN_SAMPLES = 10
+"""NVML averages utilization over its own window (up to a second): fewer readings than this over a short
+run give a number that describes the sampling, not the GPU."""
 KERNEL_HEADERS = ("kernel", "stream", "calls", "mean µs", "total µs", "GB/s", "% copy BW", "TFLOP/s",
                   "occupancy %", "limiter", "launch-bound")
 _TOTALS = (  # header, totals key, format, scale
@@ -74,7 +79,7 @@ def _totals_row(report: ProfileReport) -> tuple[list[str], list[str]]:
 
 
 def _stream_rows(report: ProfileReport) -> list[list[str]]:
-    return [[str(s.stream), str(s.kernels), _num(s.busy_us), _num(s.span_us), _num(s.gap_ratio, scale=100)]
+    return [[str(s.stream), str(s.kernels), _num(s.busy_us), _num(s.busy_share, scale=100)]
             for s in report.streams]
 
 
@@ -89,6 +94,9 @@ def _sample_row(report: ProfileReport) -> tuple[list[str], list[str]] | None:
     s = report.samples
     if not s:
         return None
+    if len(s) < MIN_SAMPLES:
+        return ["samples", "reading"], [str(len(s)), f"too few to read utilization from (NVML averages over up to "
+                                                     f"a second; at least {MIN_SAMPLES} needed): profile more calls"]
     util = [x.gpu_util_percent for x in s]
     headers = ["samples", "GPU util % mean", "GPU util % max", "SM clock MHz mean", "memory used MB max"]
     return headers, [str(len(s)), _num(fmean(util)), _num(max(util)), _num(fmean(x.sm_clock_mhz for x in s), ".0f"),
@@ -116,7 +124,7 @@ def render_summary(report: ProfileReport, top: int = TOP_KERNELS) -> Group:
     parts: list[Any] = [Text(f"{_title(report)} — {_gap_text(report)}", style=style)]
     headers, values = _totals_row(report)
     parts.append(_rich_table("Totals", headers, [values], caption))
-    parts.append(_rich_table("Streams", STREAM_HEADERS, _stream_rows(report), caption))
+    parts.append(_rich_table("Streams", STREAM_HEADERS, _stream_rows(report), f"{caption}; {STREAM_NOTE}"))
     shown = min(top, len(report.kernels))
     parts.append(_rich_table(f"Top {shown} of {len(report.kernels)} kernels", KERNEL_HEADERS,
                              _kernel_rows(report, top, NAME_WIDTH), caption))
@@ -279,7 +287,7 @@ def write_html(report: ProfileReport, path: Path, png: Path | None = None) -> Pa
         "<h2>Totals</h2>", _html_table(headers, [values], caption),
         f"<h2>Timeline ({report.tag})</h2>",
         f'<img alt="{e(_title(report))} timeline" src="data:image/png;base64,{image}">',
-        "<h2>Streams</h2>", _html_table(STREAM_HEADERS, _stream_rows(report), caption),
+        "<h2>Streams</h2>", _html_table(STREAM_HEADERS, _stream_rows(report), f"{caption}; {STREAM_NOTE}"),
         f"<h2>Kernels ({len(report.kernels)})</h2>",
         _html_table(KERNEL_HEADERS, _kernel_rows(report, None, None), caption, name_column=True),
     ]

@@ -71,11 +71,15 @@ class KernelStat:
 
 @dataclass
 class StreamStat:
+    """One stream id of the trace. A side stream of a multi-stream plan waits for the others by
+    design, so its own idle time says nothing a user can act on; what it contributes is its busy
+    time and how much of the run it is busy (`busy_share`). The run's gap ratio is in the totals."""
+
     stream: int
     kernels: int
     busy_us: float
-    span_us: float
-    gap_ratio: float
+    busy_share: float
+    """busy_us / the span of the whole run (all streams)."""
 
 
 @dataclass
@@ -119,7 +123,8 @@ def build_report(label: str, device: str, intervals: list[Interval], *, predicte
     for iv in intervals:
         by_stream[iv.stream].append(iv)
         by_name[(iv.name, iv.stream)].append(iv)
-    streams = [StreamStat(s, len(ivs), union_length(ivs), span(ivs), gap_ratio(ivs))
+    whole = span(intervals)
+    streams = [StreamStat(s, len(ivs), union_length(ivs), union_length(ivs) / whole if whole > 0 else 0.0)
                for s, ivs in sorted(by_stream.items())]
     kernels = [_kernel_stat(name, stream, ivs, info.get(name), ceilings)
                for (name, stream), ivs in by_name.items()]
