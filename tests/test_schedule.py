@@ -323,3 +323,17 @@ def test_launch_concurrency_counts_the_kernels_that_may_run_alongside() -> None:
     assert set(launch_concurrency(dag, 1).values()) == {1}
     chain = nx.path_graph(["a", "b", "c"], create_using=nx.DiGraph)
     assert set(launch_concurrency(chain, 4).values()) == {1}
+
+
+def test_explain_lists_every_wait_that_stats_count() -> None:
+    """stats["events"] counts the waits a call records (fork, kernel-to-kernel, join); explain()
+    lists each of them, so the two agree (a 4-branch block once showed 8 against 3 listed)."""
+    import streamfuse
+    from streamfuse.demo_models import DEMO_MODELS
+
+    for factory in DEMO_MODELS.values():
+        model, inputs = factory(torch.device("cpu"))
+        with torch.no_grad():
+            compiled = streamfuse.compile(model, inputs, streamfuse.Config(executor="reference"))
+        listed = [line for line in compiled.explain(source=False).splitlines() if line.strip().startswith("wait:")]
+        assert len(listed) == compiled.stats["events"]

@@ -158,9 +158,13 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
         for s in range(sched.streams):
             names = [groups[i].name for i in sched.order if sched.stream_of[i] == s and groups[i].launches]
             lines.append(f"  stream {s}: {', '.join(names)}")
+        for s in sched.fork:
+            lines.append(f"  wait: stream {s} waits for the caller's stream before its first kernel (fork)")
         for v, us in sched.waits.items():
             for u in us:
                 lines.append(f"  wait: {groups[v].name} on stream {sched.stream_of[v]} waits for {groups[u].name}")
+        for s in sched.join:
+            lines.append(f"  wait: the caller's stream waits for stream {s}'s last kernel (join)")
     kernels = [st for st in compiled.base.steps if isinstance(st, KernelStep)]
     if any(st.source.pdl for st in kernels):
         lines.append(f"programmatic dependent launch: {sum(st.pdl for st in kernels)} of {len(kernels)} generated "
