@@ -328,6 +328,8 @@ def test_launch_concurrency_counts_the_kernels_that_may_run_alongside() -> None:
 def test_explain_lists_every_wait_that_stats_count() -> None:
     """stats["events"] counts the waits a call records (fork, kernel-to-kernel, join); explain()
     lists each of them, so the two agree (a 4-branch block once showed 8 against 3 listed)."""
+    import torch
+
     import streamfuse
     from streamfuse.demo_models import DEMO_MODELS
 
