@@ -1,0 +1,66 @@
+"""Every generated kernel of the suite models, with its achieved bandwidth against the copy ceiling
+(issue 15's guard against pathological kernels: one GoogLeNet kernel ran at 5 GB/s for 496 µs).
+
+    python benchmarks/kernel_bandwidth.py [--models googlenet,bert] [--batch 1] [--dtype float32]
+                                          [--floor 0.1] [--min-us 5]
+
+For each model: streamfuse.compile, then `streamfuse.profile` over a few calls (after all timing,
+since a profiler session slows later multi-stream graphs in the process). A generated kernel that
+takes at least --min-us per call and moves its bytes at less than --floor of the copy bandwidth is
+listed as suspect; the last line counts them. Profile in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--batch", default="1")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--floor", type=float, default=0.1, help="suspect below this fraction of copy bandwidth")
+    ap.add_argument("--min-us", type=float, default=5.0, help="ignore kernels shorter than this (launch-bound)")
+    ap.add_argument("--calls", type=int, default=5)
+    args = ap.parse_args()
+
+    import torch
+
+    import streamfuse
+    from streamfuse.bench.models import model_workloads
+
+    device = torch.device("cuda")
+    suspects = total = 0
+    for w in model_workloads(args.models, args.batch, args.dtype):
+        model, inputs = w.make(device)
+        with torch.no_grad():
+            compiled = streamfuse.compile(model, inputs)
+            for _ in range(3):
+                compiled(*inputs)
+            torch.cuda.synchronize()
+            with streamfuse.profile(w.name, calls=args.calls, nvml=False) as prof:
+                for _ in range(args.calls):
+                    compiled(*inputs)
+        assert prof.report is not None
+        mine = [k for k in prof.report.kernels if k.name.startswith("sf_") and k.bytes]
+        total += len(mine)
+        print(f"{w.name}: {len(mine)} generated kernels profiled")
+        for k in sorted(mine, key=lambda k: k.bandwidth_fraction or 0.0):
+            mean = k.total_us / max(k.calls, 1)
+            low = (k.bandwidth_fraction or 0.0) < args.floor and mean >= args.min_us
+            suspects += low
+            if low or mean >= 20 * args.min_us:
+                print(f"  {'SUSPECT ' if low else ''}{k.name}: {mean:.1f} µs, {k.achieved_gbps or 0:.0f} GB/s "
+                      f"({100 * (k.bandwidth_fraction or 0):.1f}% of copy), {k.bytes / 1e6:.2f} MB, "
+                      f"occupancy {k.occupancy}, limiter {k.limiter}")
+        del model, compiled
+        torch.cuda.empty_cache()
+    print(f"{suspects} suspect kernel(s) of {total} generated (below {args.floor:.0%} of copy bandwidth, "
+          f">= {args.min_us} µs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
