@@ -15,7 +15,7 @@ if [ "${1:-}" = record ]; then
   tmp=$(mktemp -d)
   tar xzf "$archive" -C "$tmp" || { rm -rf "$tmp"; exit 1; }
   for f in epilogue.txt streams.txt host.txt share.txt instances.txt launch.txt bench.txt tma.txt \
-           bench/bench.json bench/bench.png epilogue/epilogue.json; do
+           bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -44,6 +44,11 @@ step instances 90 python3 benchmarks/graph_instances.py --instances 4 --rounds 4
 step launch 60 python3 benchmarks/launch_rate.py
 step bench 320 streamfuse bench --out "$OUT/bench"
 step tma 120 python3 benchmarks/tma_matmul.py --sizes 4096 512
+# real models (session 13): the suite at batch 1 fp32 (one call's worth; --batch throughput and
+# --dtype bfloat16 in calls of their own), first compiles cold and warm, generated kernels' bandwidth
+step models 560 streamfuse bench --suite models --batch 1 --dtype float32 --out "$OUT/models"
+step compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --peer && python3 benchmarks/compile_time.py --cache "$c"'
+step bandwidth 300 python3 benchmarks/kernel_bandwidth.py
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
 find "$OUT" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
@@ -57,4 +62,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/launch.txt" ] && cat "$OUT/launch.txt"
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
+[ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
+[ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
+[ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 exit 0
