@@ -2,6 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
+#                       [models] [compile] [bandwidth]   (real models: not in the default set, ~10 min each)
 #   (default: all, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
 #   `epilogue bench tma`)
 # The latest result of each benchmark lives at one path in docs/bench (docs/bench/README.md). Back here,
