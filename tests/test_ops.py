@@ -150,3 +150,33 @@ def test_nan_propagates_like_eager(config, device) -> None:  # type: ignore[no-u
     out = streamfuse.compile(fn, (x,), config.replace(executor="triton"))(x)
     for o, r in zip(out, fn(x), strict=True):
         torch.testing.assert_close(o, r, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_compare_with_inexact_scalar(dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
+    # ATen compares in the tensor's dtype: x > 0.3 compares with half(0.3) (0.30005 in fp16), so an
+    # element equal to half(0.3) is not greater (found by tests/test_fuzz.py)
+    near = [float(torch.tensor(v, dtype=dtype)) for v in (0.3, 0.1, -0.7)]
+    x = torch.tensor(near + [0.2998, 0.30005, 1.0, -0.1], dtype=dtype, device=device)
+    fn = lambda t: (t > 0.3, t == 0.3, t >= 0.1, t < -0.7, t != -0.1, (t * 3) > 0.9)
+    out = streamfuse.compile(fn, (x,), config.replace(executor="triton"))(x)
+    for o, r in zip(out, fn(x), strict=True):
+        assert torch.equal(o, r), (o, r)
+
+
+def test_int_and_bool_to_bfloat16(config, device) -> None:  # type: ignore[no-untyped-def]
+    # Triton's interpreter turns a direct int -> bf16 cast into zeros (or fails on a bool scalar):
+    # the kernels go through float32, as ATen does (found by tests/test_fuzz.py)
+    x = randn(5, 3, device=device)
+    fn = lambda t: ((t > 0).to(torch.bfloat16) * 2, (t * 4).to(torch.int32).to(torch.bfloat16),
+                    t[0, 0].bool().bfloat16())
+    out = streamfuse.compile(fn, (x,), config.replace(executor="triton"))(x)
+    for o, r in zip(out, fn(x), strict=True):
+        assert torch.equal(o, r), (o, r)
+
+
+def test_pow_zero_is_one_for_inf_and_nan(config, device) -> None:  # type: ignore[no-untyped-def]
+    x = torch.tensor([1.5, float("nan"), float("inf"), float("-inf"), 0.0], device=device)
+    fn = lambda t: (t.pow(0) * 2,)
+    out = streamfuse.compile(fn, (x,), config.replace(executor="triton"))(x)
+    torch.testing.assert_close(out[0], fn(x)[0])

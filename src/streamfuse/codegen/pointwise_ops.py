@@ -47,6 +47,10 @@ def cast(x: Operand, to: torch.dtype) -> str:
         return x.text
     if to is torch.bool:
         return f"({x.text} != 0)"
+    if to is torch.bfloat16 and x.dtype not in FLOATS:
+        # integers and bools reach bfloat16 through float32, as ATen converts them (c10::BFloat16 is
+        # built from a float); Triton's interpreter turns a direct int -> bf16 cast into zeros or fails
+        return f"{x.text}.to(tl.float32).to(tl.bfloat16)"
     return f"{x.text}.to({TL_DTYPE[to]})"
 
 
@@ -61,6 +65,21 @@ def _compare_type(ops: list[Operand]) -> torch.dtype:
     return compute_dtype(result)
 
 
+def _common_dtype(node: Node) -> torch.dtype | None:
+    """torch.result_type of a binary op's two operands (Nodes or Python scalars), None if unknown."""
+    def probe(a: Any) -> Any:
+        if isinstance(a, Node):
+            return torch.empty((1,) * len(a.shape) if a.shape else (), dtype=a.dtype) if a.dtype else None
+        return a if isinstance(a, (bool, int, float)) else None
+
+    operands = [probe(a) for a in node.args[:2]]
+    if len(operands) != 2 or any(o is None for o in operands):
+        return None
+    if not any(isinstance(o, torch.Tensor) for o in operands):
+        return None
+    return torch.result_type(*operands)
+
+
 def _tanh(x: str, target: str) -> str:
     if target == "cuda":
         return f"libdevice.tanh({x})"
@@ -70,7 +89,8 @@ def _tanh(x: str, target: str) -> str:
 def _pow(x: str, p: float) -> str:
     table = {2.0: f"({x} * {x})", 3.0: f"({x} * {x} * {x})", 4.0: f"({x} * {x} * {x} * {x})",
              0.5: f"tl.sqrt({x})", -0.5: f"tl.rsqrt({x})", -1.0: f"(1.0 / {x})",
-             -2.0: f"(1.0 / ({x} * {x}))", 1.0: x, 0.0: f"({x} * 0 + 1)"}
+             -2.0: f"(1.0 / ({x} * {x}))", 1.0: x,
+             0.0: f"(tl.zeros_like({x}) + 1)"}  # 1 for every x, inf and NaN included (x * 0 + 1 is NaN)
     return table[float(p)]
 
 
@@ -105,6 +125,17 @@ def emit_pointwise(node: Node, args: list[Any], target: str) -> str:
         return f"tl.full([1], {literal(value)}, {TL_DTYPE[out]})"
     if name in _COMPARE:
         work = _compare_type(ops + [scalar(a) for a in args[1:2] if not isinstance(a, Operand)])
+        common = _common_dtype(node)
+        if common in (torch.float16, torch.bfloat16):
+            # ATen compares in the operands' common dtype, with a Python scalar converted to it:
+            # x_fp16 > 0.3 compares with fp16(0.3) = 0.30005, and a value computed here in float32
+            # compares as its fp16 rounding. Round both sides, then compare exactly in float32.
+            def side(i: int) -> str:
+                a = args[i]
+                if not isinstance(a, Operand):
+                    return literal(float(torch.tensor(a, dtype=common).float()))
+                return f"{cast(a, common)}.to({TL_DTYPE[work]})"
+            return f"({side(0)} {_COMPARE[name]} {side(1)})"
         return f"({t(0, work)} {_COMPARE[name]} {t(1, work)})"
     if name in _LOGICAL:
         return _LOGICAL[name]([t(i, torch.bool) for i in range(len(args))])
