@@ -155,3 +155,10 @@ def test_dependent_or_large_kernels_are_not_packed(config, device) -> None:  # t
     big = compile_and_check(lambda x, y: (x * 2, y + 1), [randn(600, 600, device=device), randn(600, 600, device=device, seed=1)],
                             config.replace(horizontal_max_elements=1000))
     assert big.stats["kernels"] == 2
+
+
+def test_reduction_over_a_single_element_runs_through_aten(config, device) -> None:  # type: ignore[no-untyped-def]
+    # its row tile would be a scalar: the generated kernel did not compile (found by tests/test_fuzz.py)
+    fn = lambda t: (t.sum(0), t / (t.sum(0, keepdim=True).abs() + 1), torch.softmax(t, 0))
+    compiled = compile_and_check(fn, [randn(1, device=device)], config)
+    assert "a reduction over a single element runs through ATen" in compiled.explain(source=False)

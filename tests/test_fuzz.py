@@ -12,7 +12,7 @@ GeneratorError: a bug here), and a failure prints the program itself, a ready-ma
 (`Program.__repr__`: the inputs' shapes, dtypes, layouts and seed, then the source).
 
 Profiles:
-- CI (default): `test_fuzz[family]`, 4 families x 150 programs, derandomized, ~2 minutes on 2 CPU
+- CI (default): `test_fuzz[family]`, 5 families x 120 programs, derandomized, ~2 minutes on 2 CPU
   cores (Triton's interpreter; on a CUDA machine the same programs run on the GPU).
 - long: `pytest tests/test_fuzz.py --fuzz-examples=2000` (programs per family, any machine), and
   `pytest -m gpu -k fuzz` on the device machine (`test_fuzz_long_on_gpu`: compiled kernels on CUDA,
@@ -67,7 +67,7 @@ class Sizes:
 
 
 TINY = Sizes()
-LARGE = Sizes(dims=(3, 1, 2, 7, 8, 13, 32, 33, 64, 100, 128, 257, 1024), max_numel=1 << 16, max_value_numel=1 << 20)
+LARGE = Sizes(dims=(3, 1, 2, 7, 8, 13, 32, 33, 64, 100, 128, 257, 1024), max_numel=1 << 16, max_value_numel=1 << 18)
 """The GPU profile: sizes past one program's block, reductions over long rows, real tiles."""
 SCALARS = (0.5, -1.5, 2.0, 3.0, 0.25, -0.75)
 THRESHOLDS = (0.3, 0.0, -0.1, 0.5, -0.5, 1.0)
@@ -82,10 +82,15 @@ TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.float16: (2e-2, 1e-3), torch.bfl
 # and per unit of sum(|terms|) of the sums (reductions, matmuls) an output is computed from: each term
 # may differ by a rounding (eager rounds it to the narrow dtype, streamfuse does not), ~2 ulps
 SUM_TOLERANCE = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 6e-3}
+# Triton's interpreter (CPU) rounds float32 -> bfloat16 towards zero, not to nearest even (its
+# cast_impl passes no rounding mode): each bfloat16 store errs by up to 1 ulp, always towards zero, so
+# errors add up instead of cancelling (a program computing v * var(v) was off by 3.6% of its max, and
+# exactly eager's result with the rounding fixed). Twice the bfloat16 budget there.
+INTERPRETER_BF16 = ((4e-2, 1e-3), 1.2e-2)
 
 NAMESPACE = {"torch": torch, "F": F}
 
-CI_EXAMPLES = {"pointwise_views": 150, "reductions": 150, "matmul_cat_pool": 150, "mixed": 150}
+CI_EXAMPLES = {"pointwise": 120, "views": 120, "reductions": 120, "matmul_cat_pool": 120, "mixed": 120}
 """Programs per family in the CI profile (CPU, Triton's interpreter): 600 in all, ~2 minutes."""
 GPU_EXAMPLES = 150
 """Programs per family in the GPU profile (`pytest -m gpu -k fuzz`)."""
@@ -236,6 +241,7 @@ class Builder:
 
     def add_input(self, shape: Sequence[int], dtype: torch.dtype | None = None) -> Value:
         shape = tuple(shape)
+        assert math.prod(shape) <= self.sizes.max_value_numel, f"generator bug: input of shape {shape}"
         dtype = dtype or self.dtype
         name = f"x{len(self.inputs)}"
         rank = len(shape)
@@ -394,7 +400,9 @@ def _operand(b: Builder, a: Value, floating_only: bool = False) -> Value:
     if b.coin(0.75):
         shape = b.broadcast_partner(a.shape)
     else:  # the other way round: `a` broadcasts to the new operand
-        shape = b.fresh_shape(1) + a.shape if math.prod(a.shape) * 8 <= b.sizes.max_value_numel else a.shape
+        shape = b.fresh_shape(1) + a.shape
+        if math.prod(shape) > b.sizes.max_value_numel:
+            shape = a.shape
     return b.add_input(shape, a.dtype if a.floating else b.dtype)
 
 
@@ -402,7 +410,7 @@ def step_binary(b: Builder) -> None:
     a = b.pick(lambda v: v.floating)
     if a is None:
         return
-    op = b.draw(st.sampled_from(["add", "mul", "sub", "div", "maximum", "where", "where_scalar", "compare_where"]))
+    op = b.draw(st.sampled_from(["add", "mul", "sub", "div", "maximum", "where", "where_scalar"]))
     o = _operand(b, a, floating_only=op in ("div", "sub"))  # bool tensors have no `-`
     if op == "add":
         b.emit(f"({a.name} + {o.name})", a.bound + o.bound)
@@ -474,36 +482,45 @@ def step_cast(b: Builder) -> None:
 
 
 def step_view(b: Builder) -> None:
-    a = b.pick()
+    """One or two views, of a computed value mostly, then often an op that reads the view in the same
+    kernel: there a view is index math in the consumer's loads (a view of an input, or a view that
+    leaves the kernel, is a zero-copy alias instead)."""
+    a = b.pick(lambda v: not v.is_input) if b.coin(0.75) else None
+    a = a or b.pick()
     if a is None:
         return
+    v = _emit_view(b, a)
+    if b.coin(0.25):
+        v = _emit_view(b, v)
+    if v.floating and b.coin(0.5):
+        c = b.draw(st.sampled_from(SCALARS))
+        b.emit(f"({v.name} + {c})", v.bound + abs(c))
+
+
+def _emit_view(b: Builder, a: Value) -> Value:
     r, shape = a.rank, a.shape
-    kinds = ["reshape", "unsqueeze", "expand"]
+    kinds = ["slice", "reshape", "unsqueeze", "expand"]
     if r >= 1:
-        kinds += ["slice", "select", "flatten_all"]
+        kinds += ["select", "flatten_all"]
     if r >= 2:
         kinds += ["permute", "transpose"]
     if 1 in shape:
         kinds.append("squeeze")
     kind = b.draw(st.sampled_from(kinds))
+    if kind == "slice" and r == 0:
+        kind = "unsqueeze"
     n = a.name
     if kind == "reshape":
         new = _reshape_target(b, shape)
-        expr = f"{n}.view({_lit(new)})"
-        if not b.coin(0.5) or b.try_emit(expr, a.bound, a.exact) is None:
-            b.emit(f"{n}.reshape({_lit(new)})", a.bound, a.exact)
-        return
+        view = b.try_emit(f"{n}.view({_lit(new)})", a.bound, a.exact) if b.coin(0.5) else None
+        return view or b.emit(f"{n}.reshape({_lit(new)})", a.bound, a.exact)
     if kind == "flatten_all":
-        b.emit(f"{n}.reshape(-1)", a.bound, a.exact)
+        expr = f"{n}.reshape(-1)"
     elif kind == "unsqueeze":
-        d = b.draw(st.integers(-r - 1, r))
-        b.emit(f"{n}.unsqueeze({d})", a.bound, a.exact)
+        expr = f"{n}.unsqueeze({b.draw(st.integers(-r - 1, r))})"
     elif kind == "squeeze":
         ones = [d for d, s in enumerate(shape) if s == 1]
-        if b.coin(0.75):
-            b.emit(f"{n}.squeeze({b.draw(st.sampled_from(ones))})", a.bound, a.exact)
-        else:
-            b.emit(f"{n}.squeeze()", a.bound, a.exact)
+        expr = f"{n}.squeeze({b.draw(st.sampled_from(ones))})" if b.coin(0.75) else f"{n}.squeeze()"
     elif kind == "expand":
         new = list(shape)
         for d, s in enumerate(shape):
@@ -512,40 +529,40 @@ def step_view(b: Builder) -> None:
         lead = [b.draw(st.sampled_from([2, 3]))] if b.coin(0.5) or new == list(shape) else []
         new = lead + new
         if math.prod(new) > b.sizes.max_value_numel:
-            new = list(shape)
+            new, lead = list(shape), []
         spelled = [s if (d < len(lead) or s != shape[d - len(lead)] or b.coin(0.5)) else -1
                    for d, s in enumerate(new)]
-        b.emit(f"{n}.expand({', '.join(map(str, spelled))})", a.bound, a.exact)
+        expr = f"{n}.expand({', '.join(map(str, spelled))})"
     elif kind == "slice":
-        d = b.draw(st.integers(0, r - 1))
+        big = [d for d, s in enumerate(shape) if s > 2] or [d for d, s in enumerate(shape) if s > 1]
+        d = b.draw(st.sampled_from(big)) if big and b.coin(0.75) else b.draw(st.integers(0, r - 1))
         size = shape[d]
-        start = b.draw(st.integers(-size, size - 1))
-        begin = start % size if size else 0
-        stop = b.draw(st.sampled_from([None] + list(range(begin + 1, size + 1))))
-        step = b.draw(st.sampled_from([1, 2, 3]))
-        item = f"{start}:{'' if stop is None else stop}:{step}"
+        # mostly long slices (a step only shows where two or more elements are kept)
+        start = b.draw(st.sampled_from([s for s in (1, 0, -size, 2 - size) if -size <= s < size]
+                                       + [b.draw(st.integers(-size, size - 1))]))
+        begin = start % size
+        stop = None if b.coin(0.5) else b.draw(st.sampled_from([-1, size] + list(range(begin + 1, size + 1))))
+        if stop is not None and (stop % size if stop < 0 else stop) <= begin:
+            stop = None
+        step = b.draw(st.sampled_from([2, 1, 3]))
         if b.coin(0.75):
-            b.emit(f"{n}{_index(r, d, item)}", a.bound, a.exact)
+            item = f"{start}:{'' if stop is None else stop}:{step}"
+            expr = f"{n}{_index(r, d, item)}"
         else:
-            end = size if stop is None else stop
-            b.emit(f"{n}.narrow({d}, {begin}, {end - begin})", a.bound, a.exact)
+            end = size if stop is None else stop % size if stop < 0 else stop
+            expr = f"{n}.narrow({d}, {begin}, {end - begin})"
     elif kind == "select":
         d = b.draw(st.integers(-r, r - 1))
-        size = shape[d]
-        i = b.draw(st.integers(-size, size - 1))
-        if b.coin(0.5):
-            b.emit(f"{n}.select({d}, {i})", a.bound, a.exact)
-        else:
-            b.emit(f"{n}{_index(r, d % r, str(i))}", a.bound, a.exact)
+        i = b.draw(st.integers(-shape[d], shape[d] - 1))
+        expr = f"{n}.select({d}, {i})" if b.coin(0.5) else f"{n}{_index(r, d % r, str(i))}"
     elif kind == "permute":
-        perm = b.draw(st.permutations(range(r)))
-        b.emit(f"{n}.permute({', '.join(map(str, perm))})", a.bound, a.exact)
-    elif kind == "transpose":
+        expr = f"{n}.permute({', '.join(map(str, b.draw(st.permutations(range(r)))))})"
+    else:  # transpose
         if r == 2 and b.coin(0.25):
-            b.emit(f"{n}.t()", a.bound, a.exact)
+            expr = f"{n}.t()"
         else:
-            i, j = b.draw(st.integers(-r, r - 1)), b.draw(st.integers(-r, r - 1))
-            b.emit(f"{n}.transpose({i}, {j})", a.bound, a.exact)
+            expr = f"{n}.transpose({b.draw(st.integers(-r, r - 1))}, {b.draw(st.integers(-r, r - 1))})"
+    return b.emit(expr, a.bound, a.exact)
 
 
 def _reshape_target(b: Builder, shape: tuple[int, ...]) -> list[int]:
@@ -579,9 +596,11 @@ def _factors(n: int) -> list[int]:
 
 def _broadcast_along(sample: torch.Tensor | None, dims: Sequence[int]) -> bool:
     """The value repeats along all of `dims` (it was broadcast or expanded there), or is one element
-    broadcast everywhere. Random data never repeats: `sample` is the value's probe (Value.probe)."""
+    broadcast to several. Random data never repeats: `sample` is the value's probe (Value.probe)."""
     assert sample is not None
-    if sample.numel() >= 1 and bool((sample == sample.reshape(-1)[0]).all()):
+    if sample.numel() <= 1:
+        return False
+    if bool((sample == sample.reshape(-1)[0]).all()):
         return True
     dims = [d % sample.dim() for d in dims]
     if math.prod(sample.shape[d] for d in dims) <= 1:
@@ -609,8 +628,8 @@ def step_reduction(b: Builder) -> None:
     # vary along the reduced dims (broadcast or expanded there inside the kernel) reduces a
     # [BLOCK_M, 1] tile instead of the row: sum/mean/var/softmax/layer_norm are wrong when the
     # reduced extent is a power of two (e.g. x[5, 1].expand(5, 8).sum(1) returns x); an operand that
-    # is one element broadcast everywhere is a scalar load and the kernel fails to compile
-    # (x[1].sum(0), x[0].expand(2).unsqueeze(0).sum(0): "axis 1 out of bounds for shape []").
+    # is one element broadcast to several is a scalar load and the kernel fails to compile
+    # (x[0].expand(2).unsqueeze(0).sum(0): "axis 1 out of bounds for shape []").
     # Excluded here until it is fixed: such a step becomes an elementwise op.
     if _broadcast_along(a.probe, reduced):
         b.emit(f"torch.tanh({n})", 1.0)
@@ -713,8 +732,9 @@ def step_matmul(b: Builder) -> None:
         a = b.emit(f"torch.tanh({a.name})", 1.0)
     n_out = b.draw(st.sampled_from(b.sizes.dims))
     m_rows = math.prod(a.shape[:-1])
-    if m_rows * n_out > b.sizes.max_value_numel:
-        n_out = 1
+    batch = max(math.prod(a.shape[:-2]), 2)  # the rhs has at most this many matrices
+    while n_out > 1 and max(m_rows, batch * k) * n_out > b.sizes.max_value_numel:
+        n_out //= 2
 
     def rhs(shape: tuple[int, ...]) -> Value:
         """An existing value of this shape and dtype (bounded), or its transpose; else a fresh input."""
@@ -837,8 +857,8 @@ def step_pool(b: Builder) -> None:
 
 
 FAMILIES: dict[str, list[Callable[[Builder], None]]] = {
-    "pointwise_views": [step_unary, step_binary, step_compare, step_view, step_binary, step_view, step_compare,
-                        step_cast],
+    "pointwise": [step_unary, step_binary, step_compare, step_cast, step_binary, step_view, step_compare],
+    "views": [step_view, step_unary, step_view, step_binary, step_view],
     "reductions": [step_reduction, step_rowwise, step_reduction, step_unary, step_binary, step_view],
     "matmul_cat_pool": [step_matmul, step_cat, step_pool, step_unary, step_binary, step_view],
     "mixed": [step_unary, step_binary, step_view, step_compare, step_cast, step_reduction, step_rowwise, step_matmul,
@@ -849,7 +869,7 @@ FAMILIES: dict[str, list[Callable[[Builder], None]]] = {
 @st.composite
 def programs(draw: Callable[[st.SearchStrategy[Any]], Any], family: str, dtypes: Sequence[torch.dtype] = FLOATS,
              max_steps: int = 6, sizes: Sizes = TINY) -> Program:
-    # float32 for most programs; half types for a part
+    # float32 for half the programs, float16 or bfloat16 for the others
     dtype = draw(st.sampled_from([dtypes[0]] * 2 + list(dtypes[1:]))) if len(dtypes) > 1 else dtypes[0]
     seed = draw(st.integers(0, 2**16))
     b = Builder(draw, dtype, seed, sizes)
@@ -889,6 +909,12 @@ def _flat(x: Any) -> list[Any]:
     return [x]
 
 
+def _tolerance(dtype: torch.dtype, device: torch.device) -> tuple[tuple[float, float], float]:
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        return INTERPRETER_BF16
+    return TOLERANCE[dtype], SUM_TOLERANCE[dtype]
+
+
 def assert_matches_eager(got: Any, expected: Sequence[torch.Tensor], where: str,
                          precision: torch.dtype = torch.float32, scales: Sequence[tuple[float, float]] = ()) -> None:
     outs = _flat(got)
@@ -901,8 +927,7 @@ def assert_matches_eager(got: Any, expected: Sequence[torch.Tensor], where: str,
         if e.dtype not in FLOATS:
             assert torch.equal(o, e), f"{where}: output {i} ({e.dtype}) differs from eager:\n{o}\n{e}"
             continue
-        rtol, atol = max(TOLERANCE[e.dtype], TOLERANCE[precision])
-        per_term = max(SUM_TOLERANCE[e.dtype], SUM_TOLERANCE[precision])
+        (rtol, atol), per_term = max(_tolerance(e.dtype, e.device), _tolerance(precision, e.device))
         o64, e64 = o.double().cpu(), e.double().cpu()
         assert torch.equal(o64.isnan(), e64.isnan()), \
             f"{where}: output {i} has NaNs at other positions than eager:\nstreamfuse:\n{o}\neager:\n{e}"
@@ -933,8 +958,13 @@ def _check_program(program: Program, config: Config, device: str | torch.device)
     expected = [t.clone() if isinstance(t, torch.Tensor) else t for t in _flat(program.function()(*inputs))]
 
     compiled = streamfuse.compile(program.function(), tuple(inputs), config)
-    assert_matches_eager(compiled(*inputs), expected, "streamfuse.compile", program.precision,
+    first = compiled(*inputs)
+    assert_matches_eager(first, expected, "streamfuse.compile", program.precision, program.scales)
+    # a second call (replayed graphs, reused buffers) gives the same, and leaves the first results alone
+    assert_matches_eager(compiled(*inputs), expected, "streamfuse.compile, 2nd call", program.precision,
                          program.scales)
+    assert_matches_eager(first, expected, "streamfuse.compile, 1st results after the 2nd call",
+                         program.precision, program.scales)
     for i, (t, t0) in enumerate(zip(inputs, originals, strict=True)):
         assert torch.equal(t, t0), f"streamfuse.compile changed input {i}"
 

@@ -92,6 +92,10 @@ def node_refusal(node: Node, config: Config) -> str | None:
         if x.dtype not in FLOAT_DTYPES or node.dtype not in FLOAT_DTYPES:
             return f"integer/bool reduction ({x.dtype} -> {node.dtype}) runs through ATen"
         dom = reduction_domain(node)
+        if dom.rows * dom.row_size <= 1:
+            # a copy of one element: its row tile would be a scalar load and store, which the reduction
+            # template does not shape (x[1].sum(0) failed to compile: found by tests/test_fuzz.py)
+            return "a reduction over a single element runs through ATen"
         if dom.row_size > config.max_persistent_reduction:
             return (f"reduced extent {dom.row_size} exceeds max_persistent_reduction="
                     f"{config.max_persistent_reduction} (looped reductions are not generated yet)")
