@@ -231,3 +231,42 @@ def test_compile_results_carry_no_partial_gradients(config) -> None:  # type: ig
     torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="does not require grad"):
         out.sum().backward()
+
+
+def test_config_settings_parse_by_field_type() -> None:
+    """`streamfuse bench --set NAME=VALUE`: each value takes its field's type; bad names and values
+    are errors that name them."""
+    config = streamfuse.Config().with_settings(["backend_cuda_graphs=true", "batch_buckets=1,4", "fusion_fuel=none",
+                                                "max-streams=2", "conv_layout=native", "conv_layout_margin=0.25"])
+    assert (config.backend_cuda_graphs, config.batch_buckets, config.fusion_fuel, config.max_streams,
+            config.conv_layout, config.conv_layout_margin) == (True, (1, 4), None, 2, "native", 0.25)
+    with pytest.raises(ValueError, match="max_streams: expected a value of type int, got 'x'"):
+        streamfuse.Config().with_settings(["max_streams=x"])
+    with pytest.raises(ValueError, match="NAME a Config field"):
+        streamfuse.Config().with_settings(["no_such_field=1"])
+    with pytest.raises(ValueError, match="conv_layout must be"):
+        streamfuse.Config().with_settings(["conv_layout=sideways"])
+
+
+class _ShiftedWindowMask(torch.nn.Module):
+    """swin_t's attention mask: slices of a fresh tensor set to Python ints trace 0-dim CPU constants
+    whatever the model's device; with two branches, so the GPU plan uses streams."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = x.new_zeros((8, 8))
+        count = 0
+        for h in ((0, 4), (4, 6), (6, None)):
+            mask[h[0]:h[1], :] = count
+            count += 1
+        mask = mask.unsqueeze(1) - mask.unsqueeze(2)
+        mask = mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+        return torch.softmax(x @ x.transpose(-1, -2) + mask.sum(0), -1) + torch.relu(x).sum(-1, keepdim=True)
+
+
+def test_cpu_scalar_constants_in_a_device_graph(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = _ShiftedWindowMask()
+    x = randn(3, 8, 8, device=device)
+    compiled = streamfuse.compile(model, (x,), config)
+    assert isinstance(compiled, streamfuse.CompiledGraph)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

@@ -69,6 +69,22 @@ def test_extra_checks_fail_beside_a_valid_time(config, tmp_path: Path) -> None: 
     assert any("bad second batch / streamfuse (extra checks): RuntimeError" in line for line in failures([row]))
 
 
+class _DataDependent(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if bool(x.sum() > 0) else x - 1  # a branch on data: no capture path takes it
+
+
+def test_a_fallback_to_eager_is_reported_as_a_failure(config, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """swin_t once ran eagerly behind a StreamfuseFallbackWarning and the bench showed its time
+    as streamfuse's: the fallback is now part of the mode's result and of the failures."""
+    w = Workload("data-dependent", lambda device: (_DataDependent(), (torch.randn(4, 8),)), tolerance=1e-4)
+    (row,) = run_suite([w], ["eager", "streamfuse"], torch.device("cpu"), config, reps=1)
+    sf = row.modes["streamfuse"]
+    assert sf.error is None and sf.fallback and "runs eagerly" in sf.fallback
+    assert any("data-dependent / streamfuse ran eagerly in part or whole" in line for line in failures([row]))
+    assert row.modes["eager"].fallback is None
+
+
 def test_model_list_and_filters() -> None:
     names = [s.name for s in MODELS]
     assert len(names) >= 20 and len(set(names)) == len(names)

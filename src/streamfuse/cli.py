@@ -207,8 +207,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         console.print("[yellow]No GPU here: CPU wall-clock times (generated kernels in Triton's interpreter or the "
                       "reference executor); not GPU figures. Run on a CUDA machine for the real suite.[/]")
     out = Path(args.out)
+    try:
+        config = streamfuse.Config(cache_dir=out / "cache").with_settings(args.set)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     gaps = not models_suite if args.gaps is None else args.gaps
-    settings = {"suite": name, "modes": modes, "reps": args.reps, "gaps": gaps, "tf32_when_timed": bool(args.tf32)}
+    settings = {"suite": name, "modes": modes, "reps": args.reps, "gaps": gaps, "tf32_when_timed": bool(args.tf32),
+                "config": args.set}
     if models_suite:
         settings |= {"models": args.models, "batch": args.batch, "dtype": args.dtype, "tiny": tiny}
     with Progress(console=console, transient=True) as progress:
@@ -220,7 +225,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.tf32)
         try:
-            results = run_suite(workloads, modes, device, streamfuse.Config(cache_dir=out / "cache"), out, step,
+            results = run_suite(workloads, modes, device, config, out, step,
                                 cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings)
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
@@ -317,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
                        help="models suite: one-layer transformer configs and short inputs (default: on without a GPU)")
     bench.add_argument("--modes", default=None, help="comma-separated modes (default: all six on a GPU)")
+    bench.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                       help="a Config setting for the streamfuse modes (repeatable), e.g. --set max_streams=1")
     bench.add_argument("--reps", type=int, default=None, help="timed calls per mode (default: 50 on CUDA, 10 on CPU)")
     bench.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
                        help="time float32 with TF32 allowed for matmuls and convolutions (default; the correctness "

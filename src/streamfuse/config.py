@@ -143,12 +143,13 @@ class Config:
     independent along dim 0 (otherwise only the compiled shape is accepted)."""
     max_graphs: int = 8
     """At most this many recorded graphs; the least recently used is evicted."""
-    backend_cuda_graphs: bool = False
-    """Experimental (not yet run on a GPU): through torch.compile(backend="streamfuse"), an inference
-    graph binds its parameters and buffers as constants at its first call (on any device), so on
-    CUDA its graphs are recorded and replayed copying in only the other inputs, as
-    streamfuse.compile's are. Off: the backend passes every argument on every call and runs its
-    graphs on streams without CUDA graphs."""
+    backend_cuda_graphs: bool = True
+    """Through torch.compile(backend="streamfuse"), an inference graph binds its parameters and
+    buffers as constants at its first call (on any device; its plan is built then), so on CUDA its
+    graphs are recorded and replayed copying in only the other inputs, as streamfuse.compile's are.
+    A call with other parameter tensors (a module's parameter replaced) takes a plan over every
+    argument. Off: the backend passes every argument on every call and runs its graphs on streams
+    without CUDA graphs (training graphs always do, for now)."""
     max_specializations: int = 8
     """A call whose input shapes (beyond a batch that pads to a bucket) or dtypes differ from the
     compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model
@@ -184,6 +185,20 @@ class Config:
 
     def replace(self, **changes: object) -> Config:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def with_settings(self, settings: list[str]) -> Config:
+        """This config with "name=value" settings applied (the CLI's --set), each value parsed as its
+        field's type: true/false, an int, a float, a comma-separated tuple, a path, or none."""
+        fields = {f.name: str(f.type) for f in dataclasses.fields(self)}
+        changes: dict[str, object] = {}
+        for setting in settings:
+            name, sep, text = setting.partition("=")
+            name = name.strip().replace("-", "_")
+            if not sep or name not in fields:
+                raise ValueError(f"--set takes NAME=VALUE with NAME a Config field ({', '.join(sorted(fields))}); "
+                                 f"got {setting!r}")
+            changes[name] = _parse_setting(name, fields[name], text.strip())
+        return self.replace(**changes)
 
     def __post_init__(self) -> None:
         positive = {
@@ -234,3 +249,25 @@ class Config:
             raise ValueError(f"Config.output_sets must be an int >= 0, got {self.output_sets!r}")
         if self.fusion_fuel is not None and self.fusion_fuel < 0:
             raise ValueError(f"Config.fusion_fuel must be None or >= 0, got {self.fusion_fuel}")
+
+
+def _parse_setting(name: str, kind: str, text: str) -> object:
+    """One --set value as the field's declared type (`kind`, the annotation's text)."""
+    if "None" in kind and text.lower() in ("none", ""):
+        return None
+    try:
+        if kind.startswith("bool"):
+            if text.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1", "on")
+        if kind.startswith("int"):
+            return int(text)
+        if kind.startswith("float"):
+            return float(text)
+        if kind.startswith("tuple"):
+            return tuple(int(v) for v in text.split(",") if v.strip())
+        if kind.startswith("Path"):
+            return Path(text)
+    except ValueError:
+        raise ValueError(f"--set {name}: expected a value of type {kind}, got {text!r}") from None
+    return text  # a string or one of the Literal choices (checked by Config itself)

@@ -78,7 +78,7 @@ def streamfuse_table(results: list[WorkloadResult], title: str) -> Table:
             if res is None or (res.error or "").startswith("workload unavailable"):
                 continue
             tol = r.tolerance
-            ok = res.error is None and res.second_error is None
+            ok = res.error is None and res.second_error is None and res.fallback is None
             err = "-" if res.max_rel_err is None else (
                 f"[{'green' if tol is None or res.max_rel_err <= tol else 'red'}]{res.max_rel_err:.1e}[/]")
             second = ("-" if res.second_batch is None else
@@ -86,7 +86,8 @@ def streamfuse_table(results: list[WorkloadResult], title: str) -> Table:
                                                   f"{res.second_rel_err:.1e}"))
             kernels = (f"{res.kernels_per_call:.0f}" if res.kernels_per_call is not None else
                        "-" if res.planned_kernels is None else f"{res.planned_kernels} (plan)")
-            problems = "; ".join(filter(None, [res.error, res.second_error]))
+            problems = "; ".join(filter(None, [res.error, res.second_error,
+                                                 res.fallback and f"fell back: {res.fallback}"]))
             status = "[green]ok[/]" if ok else f"[red]{escape(problems[:90])}[/]"
             table.add_row(r.workload, mode, err, "-" if tol is None else f"{tol:.0e}", second, kernels,
                           "-" if res.compile_s is None else f"{res.compile_s:.1f}",
@@ -96,8 +97,10 @@ def streamfuse_table(results: list[WorkloadResult], title: str) -> Table:
 
 def failures(results: list[WorkloadResult]) -> list[str]:
     lines = [f"{r.workload} / {m}: {res.error}" for r in results for m, res in r.modes.items() if res.error]
-    return lines + [f"{r.workload} / {m} (extra checks): {res.second_error}"
-                    for r in results for m, res in r.modes.items() if res.second_error]
+    lines += [f"{r.workload} / {m} (extra checks): {res.second_error}"
+              for r in results for m, res in r.modes.items() if res.second_error]
+    return lines + [f"{r.workload} / {m} ran eagerly in part or whole: {res.fallback}"
+                    for r in results for m, res in r.modes.items() if res.fallback]
 
 
 def bar_chart(results: list[WorkloadResult], modes: list[str], path: Path, title: str) -> Path:

@@ -25,6 +25,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ import torch
 
 from streamfuse.bench.workloads import Workload
 from streamfuse.config import Config
+from streamfuse.runtime.fallback import StreamfuseFallbackWarning
 
 MODES = ["eager", "eager+graph", "compile", "compile-ro", "streamfuse", "sf-backend"]
 SF_MODES = ("streamfuse", "sf-backend")
@@ -70,6 +72,8 @@ class ModeResult:
     second_batch: int | None = None
     second_rel_err: float | None = None
     second_error: str | None = None
+    fallback: str | None = None
+    """A streamfuse mode that ran (part of) the model eagerly: the StreamfuseFallbackWarning's text."""
 
 
 @dataclass
@@ -225,10 +229,26 @@ def run_mode(mode: str, workload: Workload, device: torch.device, config: Config
     """One mode of one workload: compiled, checked against `ref` (TF32 off), timed. On CUDA its gap ratio
     needs torch.profiler, which slows later four-stream graphs in the process (docs/PERF.md session 10),
     so the call is appended to `to_profile` for after the suite's timing (profiled now if None; never
-    if not `gaps`). The streamfuse modes then run their extra checks (module docstring)."""
+    if not `gaps`). The streamfuse modes then run their extra checks (module docstring). A fallback to
+    eager (StreamfuseFallbackWarning) is recorded in `fallback` and reported as a failure."""
+    result = ModeResult(mode)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run_mode(result, workload, device, config, ref, to_profile, gaps, reps, warm_compile)
+    for w in caught:
+        if issubclass(w.category, StreamfuseFallbackWarning):
+            result.fallback = result.fallback or str(w.message)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return result
+
+
+def _run_mode(result: ModeResult, workload: Workload, device: torch.device, config: Config, ref: Any,
+              to_profile: list[tuple[ModeResult, Callable[[], Any]]] | None, gaps: bool, reps: int | None,
+              warm_compile: bool) -> None:
     from streamfuse.capture.backend import compiled_graphs
 
-    result = ModeResult(mode)
+    mode = result.mode
     tol = tolerance(workload)
     try:
         model, inputs = make_seeded(workload, device)
@@ -251,11 +271,11 @@ def run_mode(mode: str, workload: Workload, device: torch.device, config: Config
             if mode == "streamfuse" and compiled is not None:
                 result.planned_kernels = int(compiled.stats.get("kernels") or 0)  # type: ignore[attr-defined]
             elif mode == "sf-backend":
-                result.planned_kernels = sum(int(g.stats["kernels"]) for g in compiled_graphs[first_graph:]
+                result.planned_kernels = sum(int(g.stats.get("kernels") or 0) for g in compiled_graphs[first_graph:]
                                              if hasattr(g, "stats"))
             if result.max_rel_err > tol:
                 result.error = f"wrong result: max relative error {result.max_rel_err:.2e} > {tol:.0e}"
-                return result
+                return
             if compiled is not None and workload.second_inputs is not None:
                 check_second_batch(result, workload, model, compiled, device)
             if warm_compile and mode in SF_MODES:
@@ -278,7 +298,6 @@ def run_mode(mode: str, workload: Workload, device: torch.device, config: Config
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
         result.error = describe(exc)
         result.us = None
-    return result
 
 
 def seed_calibration(source: Path, cache_dir: Path, device: torch.device) -> None:

@@ -151,13 +151,14 @@ class StaticParamsGraph:
     constants at the first real call, so the plan's CUDA graphs copy in only the other inputs, as
     streamfuse.compile's do (Config.backend_cuda_graphs). A call whose static arguments are not the
     same tensors as at that first call (a module's parameter replaced) runs the plan that takes
-    every argument (`fallback`), and so does every call if binding failed (`reason`)."""
+    every argument (`fallback`, built when first needed: one plan is built per graph, not two), and
+    so does every call if binding failed (`reason`)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int], fallback: CompiledGraph):
+    def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int]):
         self.gm = gm
         self.config = config
         self.static = static
-        self.fallback = fallback
+        self._fallback: CompiledGraph | EagerGraph | None = None
         self.compiled: CompiledGraph | None = None
         self.reason: str | None = None
         self.bound: list[torch.Tensor] = []
@@ -168,7 +169,13 @@ class StaticParamsGraph:
             self._bind(args)
         if self.compiled is not None and all(args[i] is t for i, t in zip(self.static, self.bound, strict=True)):
             return self.compiled(*[args[i] for i in self.dynamic])  # type: ignore[no-any-return]
-        return self.fallback.run_flat(args)
+        return self.fallback(args).run_flat(args)
+
+    def fallback(self, args: list[Any]) -> CompiledGraph | EagerGraph:
+        """The plan taking every argument (built at the first call that needs it)."""
+        if self._fallback is None:
+            self._fallback = compile_graph(self.gm, args, self.config)
+        return self._fallback
 
     def _bind(self, args: list[Any]) -> None:
         placeholders = [n.name for n in self.gm.graph.nodes if n.op == "placeholder"]
@@ -192,12 +199,14 @@ class StaticParamsGraph:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return (self.compiled or self.fallback).stats
+        plan = self.compiled or self._fallback
+        return plan.stats if plan is not None else {}
 
     def explain(self, source: bool = True) -> str:
         if self.compiled is None:
             why = self.reason or "not yet called"
-            return f"inference graph, parameters passed on every call ({why})\n" + self.fallback.explain(source)
+            rest = self._fallback.explain(source) if self._fallback is not None else ""
+            return f"inference graph, parameters passed on every call ({why})\n" + rest
         return (f"inference graph with {len(self.static)} parameters and buffers bound as constants at its first "
                 "call (CUDA graphs copy in only the other inputs)\n" + self.compiled.explain(source))
 
@@ -211,10 +220,14 @@ def _static_inputs() -> list[int]:
 
 def _compiler(config: Config, inference: bool = False) -> Any:
     def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        compiled = SymbolicGraph(gm, config) if _is_symbolic(gm) else compile_graph(gm, example_inputs, config)
-        static = _static_inputs() if inference else []
-        if static and isinstance(compiled, CompiledGraph) and config.backend_cuda_graphs:
-            compiled = StaticParamsGraph(gm, config, static, compiled)
+        static = _static_inputs() if inference and config.backend_cuda_graphs else []
+        compiled: Any
+        if _is_symbolic(gm):
+            compiled = SymbolicGraph(gm, config)
+        elif static:
+            compiled = StaticParamsGraph(gm, config, static)  # builds its plan at the first real call
+        else:
+            compiled = compile_graph(gm, example_inputs, config)
         compiled_graphs.append(compiled)
 
         def run(args: list[Any]) -> list[Any]:

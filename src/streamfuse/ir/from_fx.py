@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from streamfuse.ir.graph import Arg, Graph, Node
+from streamfuse.ir.graph import Arg, Graph, Node, iter_nodes
 from streamfuse.ir.lowerings import LOWERINGS
 from streamfuse.ir.lowerings import Builder as _Builder
 from streamfuse.ir.ops import MULTI_VIEWS, OpKind, kind_of, refine_kind
@@ -111,9 +111,23 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
 
     source_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function"
                      and n.target is not operator.getitem and str(n.target) not in _DROPPED)
+    nodes = _live(nodes, outputs)
     graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, source_ops=source_ops)
     graph.validate()
     return graph
+
+
+def _live(nodes: list[Node], outputs: list[Arg]) -> list[Node]:
+    """`nodes` without those no output depends on (placeholders stay): what a lowering leaves
+    unused, such as the empty tensor bernoulli's shape came from (the graph has no side effects)."""
+    live: set[int] = set()
+    stack = list(iter_nodes(outputs))
+    while stack:
+        node = stack.pop()
+        if id(node) not in live:
+            live.add(id(node))
+            stack.extend(node.input_nodes())
+    return [n for n in nodes if id(n) in live or n.kind is OpKind.INPUT]
 
 
 def _tensor_node(name: str, op: str, kind: OpKind, target: Any, args: tuple, kwargs: dict,

@@ -62,6 +62,15 @@ def _lower_var(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> 
     return (var, mean)
 
 
+def _lower_inference_batch_norm(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """native_batch_norm with training=False (how make_fx's capture records eval-mode batch norm) is
+    _native_batch_norm_legit_no_training (AOTAutograd's): (x, w, b, mean, var, training, momentum, eps)."""
+    full = list(args) + [kwargs.get(k) for k in ("training", "momentum", "eps")[len(args) - 5:]]
+    if len(full) < 8 or full[5] is not False or not isinstance(full[3], Node) or not isinstance(full[4], Node):
+        return None
+    return _lower_batch_norm(b, target, tuple(full[:5]) + (full[6], full[7]), {}, val)
+
+
 def _lower_batch_norm(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg:
     # ir/fold.py matches this exact chain (after a convolution) to fold it into the conv's weights:
     # a change to the chain's ops or operand order must be mirrored there (tests/test_fold.py checks).
@@ -119,6 +128,20 @@ def _lower_dropout(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any)
     return (out, keep)
 
 
+def _lower_bernoulli(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """bernoulli.p(x, p): ones where rand < p, in x's shape and dtype (how functionalize traces
+    training dropout on inputs ATen has no fused dropout kernel for: empty -> expand -> bernoulli ->
+    div -> mul), from the same counter-based random numbers as native_dropout, so it fuses too."""
+    x = args[0]
+    p = float(args[1]) if len(args) > 1 else float(kwargs.get("p", 0.5))
+    if kwargs.get("generator") is not None or (len(args) > 2 and args[2] is not None) or not isinstance(x, Node):
+        return None  # a user's generator: its own stream of numbers, through ATen
+    rand = b.add("bernoulli_rand", philox_rand, (None, list(x.shape), 0, val.device), shape=x.shape,
+                 dtype=torch.float32)
+    hit = b.add("bernoulli_hit", aten.lt.Scalar, (rand, p), shape=x.shape, dtype=torch.bool)
+    return b.add("bernoulli", aten._to_copy.default, (hit,), {"dtype": val.dtype}, shape=x.shape, dtype=val.dtype)
+
+
 def max_pool2d(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
                ceil_mode: bool) -> torch.Tensor:
     """Reference implementation (the NodeStep target) of the lowered max pooling: values only."""
@@ -162,5 +185,7 @@ LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     aten.var.dim: _lower_var,
     aten.var.correction: _lower_var,
     aten._native_batch_norm_legit_no_training.default: _lower_batch_norm,
+    aten.native_batch_norm.default: _lower_inference_batch_norm,
+    aten.bernoulli.p: _lower_bernoulli,
     aten.native_dropout.default: _lower_dropout,
 }

@@ -52,6 +52,16 @@ def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
     return torch.device("cpu")
 
 
+def move_cpu_scalars(graph: Graph, device: torch.device) -> None:
+    """0-dim CPU constants of a CUDA graph (`mask[:4] = 1` traces `tensor(1.)` on the CPU whatever the
+    model's device) moved to the device once: ATen takes a 0-dim CPU tensor as a scalar, but a kernel
+    cannot read host memory and streams cannot record it (swin_t's attention mask ran eagerly)."""
+    outputs = {id(o) for o in graph.outputs}
+    for node, value in list(graph.constants.items()):
+        if value.device.type == "cpu" and value.dim() == 0 and id(node) not in outputs:
+            graph.constants[node] = value.to(device)
+
+
 def build_executable(graph: Graph, config: Config, device: torch.device) -> Executable:
     executor = resolve_executor(config, device)
     sm_count = (torch.cuda.get_device_properties(device).multi_processor_count
@@ -59,6 +69,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     target = "cuda" if device.type == "cuda" else "interpret"
     on_gpu = device.type == "cuda" and executor == "triton"
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
+    if device.type == "cuda":
+        move_cpu_scalars(graph, device)
     # 1. how each matmul runs (cost model on the device's ceilings, or measured), which nodes share
     #    a kernel, and why others do not
     clock = StageClock()

@@ -63,7 +63,7 @@ class StreamRunner:
                 self.events[i].record(stream)
             if release:
                 for slot in self.cross_reads[i]:
-                    if env[slot] is not None:
+                    if env[slot] is not None and env[slot].is_cuda:  # a CPU scalar needs no stream record
                         env[slot].record_stream(stream)
                 for slot in self.release[i]:
                     env[slot] = None
@@ -72,7 +72,8 @@ class StreamRunner:
             caller.wait_event(self.join_events[s])
         if release:
             for slot in self.exe.out_slots:
-                if slot is not None and self.alloc_stream.get(slot, CALLER) != CALLER and env[slot] is not None:
+                if slot is not None and self.alloc_stream.get(slot, CALLER) != CALLER and env[slot] is not None \
+                        and env[slot].is_cuda:
                     env[slot].record_stream(caller)
 
     def _allocation_streams(self) -> dict[int, int]:
