@@ -183,3 +183,34 @@ def test_backend_binds_parameters_of_inference_graphs(config: Any) -> None:
         _close(fast(_ids(2, 9, seed=2)), model(_ids(2, 9, seed=2)))
         model.model.lm_head.weight = nn.Parameter(torch.randn_like(model.model.lm_head.weight))  # untied, new
         _close(fast(ids), model(ids))
+
+
+@pytest.mark.parametrize(("name", "cache"), [("gpt2", None), ("llama-gqa", "static")])
+def test_greedy_generation_through_the_backend_gives_eager_tokens(name: str, cache: str | None, config: Any) -> None:
+    """Hugging Face generate() (greedy, KV cache) with the model's forward compiled by the backend:
+    the same tokens as eager. GPT-2's growing cache hands the backend symbolic lengths (one plan per
+    length seen, within Config.max_specializations); Llama's static cache keeps two graphs (prefill
+    and one-token decode) whose parameters are bound at their first call."""
+    hf = _model(name).model
+    ids = _ids(2, 5, seed=4)
+    kwargs: dict[str, Any] = dict(max_new_tokens=6, do_sample=False, pad_token_id=0,
+                                  attention_mask=torch.ones_like(ids))
+    if cache is not None:
+        kwargs["cache_implementation"] = cache
+    with torch.no_grad():
+        ref = hf.generate(ids, **kwargs)
+    torch._dynamo.reset()
+    first = len(backend_module.compiled_graphs)
+    forward = hf.forward
+    hf.forward = torch.compile(forward, backend=streamfuse.make_backend(config))
+    try:
+        with torch.no_grad():
+            out = hf.generate(ids, **kwargs)
+    finally:
+        hf.forward = forward
+        torch._dynamo.reset()
+    assert out.shape == (2, 11) and torch.equal(out, ref)
+    graphs = backend_module.compiled_graphs[first:]
+    assert graphs and not any(isinstance(g, backend_module.EagerGraph) for g in graphs)
+    if cache == "static":
+        assert len(graphs) == 2 and all(isinstance(g, backend_module.StaticParamsGraph) for g in graphs)
