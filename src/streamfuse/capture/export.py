@@ -121,7 +121,6 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
     one placeholder (functional_call ties them); in-place updates of buffers (batch-norm statistics
     in training mode) come out of functionalize as copy_ into the buffer's placeholder, which become
     extra outputs written back by the runtime (`Captured.mutated`)."""
-    from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
 
     state = dict(module.named_parameters()) | dict(module.named_buffers())
@@ -138,7 +137,7 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
         return tuple(leaves)
 
     try:
-        with torch.no_grad(), warnings.catch_warnings(), _compiling(), enable_python_dispatcher():
+        with torch.no_grad(), warnings.catch_warnings(), _compiling():
             warnings.simplefilter("ignore", FutureWarning)
             gm = make_fx(torch.func.functionalize(run, remove="mutations"), decomposition_table=decomposition_table(),
                          tracing_mode="fake", _allow_non_fake_inputs=True)(*state.values(), *inputs)
@@ -146,6 +145,11 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. data-dependent control flow: the next path tries
         raise _NotOneTrace(f"{type(exc).__name__}: {exc}") from exc
+    for node in gm.graph.nodes:
+        if _writes_arguments(node):
+            # functionalize left an op writing its arguments: AOTAutograd's export turns it into its
+            # functional form (the runtime must not replay a write, e.g. while a CUDA graph warms up)
+            raise _NotOneTrace(f"{node.target} writes to its arguments")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     owner = dict(zip(placeholders, keys))  # the state's placeholders; the rest are the user's inputs
     (output,) = [n for n in gm.graph.nodes if n.op == "output"]
@@ -168,6 +172,19 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
     gm.recompile()
     bound = {n.name: state[key] for n, key in owner.items()}
     return Captured(gm=gm, bound=bound, out_spec=spec[-1], input_names=names, mutated=mutated)
+
+
+def _writes_arguments(node: torch.fx.Node) -> bool:
+    """An op that modifies one of its arguments in place: by its schema, or training batch-norm,
+    whose schema does not say that it updates the running statistics."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target is torch.ops.aten.copy_.default:
+        return False
+    if target is torch.ops.aten.native_batch_norm.default:
+        training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
+        running_mean = node.args[3] if len(node.args) > 3 else node.kwargs.get("running_mean")
+        return bool(training) and running_mean is not None
+    return any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
 
 
 def _compiling() -> contextlib.AbstractContextManager[Any]:
