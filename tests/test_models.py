@@ -214,3 +214,31 @@ def test_greedy_generation_through_the_backend_gives_eager_tokens(name: str, cac
     assert graphs and not any(isinstance(g, backend_module.EagerGraph) for g in graphs)
     if cache == "static":
         assert len(graphs) == 2 and all(isinstance(g, backend_module.StaticParamsGraph) for g in graphs)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama-gqa"])
+def test_random_batches_and_lengths_through_both_entry_points(name: str, config: Any) -> None:
+    """Issue 17's shape check on small configs: random (batch, length) pairs, batch 1-64 and length
+    1-64 (the configs' position limit), through streamfuse.compile and the backend; each matches
+    eager, and the plans kept stay within Config.max_specializations (4 here: the cache evicts). The
+    reference executor runs the plans (the interpreter at batch 64 takes minutes; other tests run the
+    generated kernels of these models)."""
+    gen = torch.Generator().manual_seed(17)
+    pairs = [(int(torch.randint(1, 65, (), generator=gen)), int(torch.randint(1, 65, (), generator=gen)))
+             for _ in range(8)]
+    model = _model(name)
+    bounded = config.replace(max_specializations=4, executor="reference")  # generated kernels: other tests
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(bounded))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (_ids(*pairs[0], seed=0),), bounded)
+        assert isinstance(compiled, streamfuse.CompiledGraph)
+        for k, shape in enumerate(pairs):
+            ids = _ids(*shape, seed=k)
+            ref = model(ids)
+            _close(compiled(ids), ref)
+            _close(fast(ids), ref)
+    stats = compiled.stats
+    assert stats["specializations"] <= 4 and 1 <= stats["specializations_built"] <= len(pairs)
+    symbolic = [g for g in backend_module.compiled_graphs if isinstance(g, backend_module.SymbolicGraph)]
+    assert symbolic and len(symbolic[-1].plans) <= 4

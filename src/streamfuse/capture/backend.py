@@ -73,9 +73,12 @@ class SymbolicGraph:
     """A graph with symbolic sizes: one CompiledGraph per concrete input signature, each traced from
     the graph at those sizes (make_fx on fake tensors, so no data is read) and built on first use."""
 
-    def __init__(self, gm: torch.fx.GraphModule, config: Config):
+    def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int] | None = None):
         self.gm = gm
         self.config = config
+        self.static = list(static or [])
+        """AOTAutograd's static inputs (parameters, buffers) of an inference graph: each concrete plan
+        binds them at its first call (StaticParamsGraph), so it replays CUDA graphs."""
         self.plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self.built = 0
         """Plans built so far (evicted ones included): the number of compilations."""
@@ -112,6 +115,9 @@ class SymbolicGraph:
         except Exception as exc:  # noqa: BLE001 - trace failure: this signature runs eagerly
             return _TensorArgs(EagerGraph(self.gm, f"tracing at concrete sizes failed: {failure_text(exc)}"),
                                args, tensor_at)
+        static = [tensor_at.index(i) for i in self.static if i in tensor_at]
+        if static:
+            return StaticParamsGraph(traced, self.config, static)
         return compile_graph(traced, tensors, self.config)
 
     def explain(self, source: bool = True) -> str:
@@ -223,7 +229,7 @@ def _compiler(config: Config, inference: bool = False) -> Any:
         static = _static_inputs() if inference and config.backend_cuda_graphs else []
         compiled: Any
         if _is_symbolic(gm):
-            compiled = SymbolicGraph(gm, config)
+            compiled = SymbolicGraph(gm, config, static)
         elif static:
             compiled = StaticParamsGraph(gm, config, static)  # builds its plan at the first real call
         else:

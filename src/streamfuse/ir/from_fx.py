@@ -36,6 +36,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
     nodes: list[Node] = []
     inputs: list[Node] = []
     constants: dict[Node, torch.Tensor] = {}
+    literals: set[Node] = set()  # tensors the trace made (get_attr), not the module's live state
     outputs: list[Arg] = []
     names: set[str] = set()
 
@@ -73,6 +74,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                         dtype=value.dtype, strides=tuple(value.stride()))
             nodes.append(node)
             constants[node] = value
+            literals.add(node)
             env[fx_node] = node
         elif fx_node.op == "call_function":
             target = fx_node.target
@@ -112,7 +114,8 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
     source_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function"
                      and n.target is not operator.getitem and str(n.target) not in _DROPPED)
     nodes = _live(nodes, outputs)
-    graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, source_ops=source_ops)
+    graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, snapshots=literals,
+                  source_ops=source_ops)
     graph.validate()
     return graph
 

@@ -67,6 +67,8 @@ class CompiledGraph:
         self.specialize = specialize if base.config.max_specializations > 0 else None
         """Builds the model for inputs whose shapes (beyond a padded batch) or dtypes differ."""
         self.specializations: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self.specializations_built = 0
+        """Specializations compiled so far, evicted ones included: the number of extra compilations."""
         """Input signature -> the model compiled for it, least recently used first."""
         self.compile_s: float | None = None
         """Seconds the compile of this plan took (set by streamfuse.compile)."""
@@ -254,6 +256,7 @@ class CompiledGraph:
             self.specializations.move_to_end(key)
             return found
         found = self.specialize(tuple(inputs))  # type: ignore[misc]
+        self.specializations_built += 1
         self.specializations[key] = found
         while len(self.specializations) > self.config.max_specializations:
             self.specializations.popitem(last=False)
@@ -329,6 +332,7 @@ class CompiledGraph:
             "graphs": len(self._runners),
             "graph_instances": sum(r.instances for r in self._runners.values()),
             "specializations": len(self.specializations),
+            "specializations_built": self.specializations_built,
             "compile_s": self.compile_s,
             "first_call_s": self.first_call_s,
             "capture_path": self.capture_path,

@@ -53,12 +53,14 @@ def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
 
 
 def move_cpu_scalars(graph: Graph, device: torch.device) -> None:
-    """0-dim CPU constants of a CUDA graph (`mask[:4] = 1` traces `tensor(1.)` on the CPU whatever the
+    """0-dim CPU literals of a CUDA graph (`mask[:4] = 1` traces `tensor(1.)` on the CPU whatever the
     model's device) moved to the device once: ATen takes a 0-dim CPU tensor as a scalar, but a kernel
-    cannot read host memory and streams cannot record it (swin_t's attention mask ran eagerly)."""
+    cannot read host memory and streams cannot record it (swin_t's attention mask ran eagerly). Only
+    snapshots (tensors the trace or streamfuse made): a live CPU scalar of the caller's (an optimizer's
+    step count) changes between calls and is read where it lives."""
     outputs = {id(o) for o in graph.outputs}
     for node, value in list(graph.constants.items()):
-        if value.device.type == "cpu" and value.dim() == 0 and id(node) not in outputs:
+        if node in graph.snapshots and value.device.type == "cpu" and value.dim() == 0 and id(node) not in outputs:
             graph.constants[node] = value.to(device)
 
 
