@@ -2,7 +2,8 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [compile] [bandwidth]   (real models: not in the default set, ~10 min each)
+#                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate]
+#                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
 #   `epilogue bench tma`)
 # The latest result of each benchmark lives at one path in docs/bench (docs/bench/README.md). Back here,
@@ -16,7 +17,8 @@ if [ "${1:-}" = record ]; then
   tmp=$(mktemp -d)
   tar xzf "$archive" -C "$tmp" || { rm -rf "$tmp"; exit 1; }
   for f in epilogue.txt streams.txt host.txt share.txt instances.txt launch.txt bench.txt tma.txt \
-           bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt; do
+           bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt \
+           generate.txt generate.json; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -45,9 +47,22 @@ step instances 90 python3 benchmarks/graph_instances.py --instances 4 --rounds 4
 step launch 60 python3 benchmarks/launch_rate.py
 step bench 320 streamfuse bench --out "$OUT/bench"
 step tma 120 python3 benchmarks/tma_matmul.py --sizes 4096 512
-# real models (session 13): the suite at batch 1 fp32 (one call's worth; --batch throughput and
-# --dtype bfloat16 in calls of their own), first compiles cold and warm, generated kernels' bandwidth
+# real models (sessions 13-14): the suite at batch 1 fp32 in chunks that fit one call each (a call's
+# command gets ~8 of its 10 minutes after the machine starts; runs 56-58 fit 4-6 models with three
+# modes), first compiles cold and warm, generated kernels' bandwidth, text generation
+MODES_RO=eager,compile-ro,streamfuse,sf-backend
 step models 560 streamfuse bench --suite models --batch 1 --dtype float32 --out "$OUT/models"
+step models-a 560 streamfuse bench --suite models --models resnet50,googlenet,inception,mobilenet_v2 --batch 1 \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-a"
+step models-b 560 streamfuse bench --suite models --models mobilenet_v3,efficientnet,squeezenet,shufflenet --batch 1 \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-b"
+step models-c 560 streamfuse bench --suite models --models densenet,regnet,convnext,vit_b --batch 1 \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-c"
+step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert --batch 1 \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-d"
+step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-small,llama --batch 1 \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-e"
+step generate 400 python3 benchmarks/generate.py --json "$OUT/generate.json"
 step compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --peer && python3 benchmarks/compile_time.py --cache "$c"'
 step bandwidth 300 python3 benchmarks/kernel_bandwidth.py
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
@@ -64,6 +79,8 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
+for f in models-a models-b models-c models-d models-e; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+[ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 exit 0

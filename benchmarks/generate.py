@@ -1,0 +1,150 @@
+"""Greedy text generation with Hugging Face `generate()`, side by side in one process: tokens per
+second and first-call (compile) seconds for eager and for the model's forward compiled by
+torch.compile (default and reduce-overhead) and by the streamfuse backend; every mode's tokens must
+equal eager's (a mismatch is reported as a failure, not a speed).
+
+    python benchmarks/generate.py [--model gpt2|llama] [--new-tokens 128] [--prompt 16]
+                                  [--modes eager,compile,compile-ro,streamfuse] [--cache static|dynamic]
+
+`--cache static` (the default) is transformers' StaticCache (`cache_implementation="static"`), the
+setting transformers documents for torch.compile: fixed shapes, so one graph for the prefill and one
+for every decode step. `--cache dynamic` grows the cache by one token per step: Dynamo then hands
+the backend symbolic lengths, and streamfuse builds one plan per length (issue 17: slow until its
+kernels take sizes at run time). `--tiny` uses a one-layer config (a CPU smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+MODES = ("eager", "compile", "compile-ro", "streamfuse")
+
+
+def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> Any:
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "gpt2":  # gpt2 (124M, 12 layers): the config's defaults
+        config = (transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=256, n_positions=256,
+                                           bos_token_id=0, eos_token_id=0)
+                  if tiny else transformers.GPT2Config())
+        model = transformers.GPT2LMHeadModel(config)
+    elif name == "llama":  # grouped-query attention, RoPE, RMSNorm, SwiGLU
+        sizes: dict[str, Any] = (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=256)
+                                 if tiny else dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=32000))
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(max_position_embeddings=2048, **sizes))
+    else:
+        raise SystemExit(f"error: --model takes gpt2 or llama, got {name!r}")
+    model.generation_config.pad_token_id = 0
+    return model.eval().to(device, dtype)
+
+
+def generate(model: Any, ids: torch.Tensor, new_tokens: int, cache: str) -> torch.Tensor:
+    kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                  attention_mask=torch.ones_like(ids))
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with torch.no_grad():
+        return model.generate(ids, **kwargs)  # type: ignore[no-any-return]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace, reference: torch.Tensor | None,
+             device: torch.device) -> dict[str, Any]:
+    import streamfuse
+
+    forward = model.forward
+    torch._dynamo.reset()
+    result: dict[str, Any] = {"mode": mode}
+    try:
+        if mode == "compile":
+            model.forward = torch.compile(forward)
+        elif mode == "compile-ro":
+            model.forward = torch.compile(forward, mode="reduce-overhead")
+        elif mode == "streamfuse":
+            model.forward = torch.compile(forward, backend=streamfuse.make_backend())
+        start = time.perf_counter()
+        out = generate(model, ids, args.new_tokens, args.cache)
+        sync(device)
+        result["first_s"] = time.perf_counter() - start  # compiles, records graphs
+        out = generate(model, ids, args.new_tokens, args.cache)  # a second warm-up (graph trees record late)
+        if reference is not None and not torch.equal(out, reference):
+            differ = int((out != reference).sum())
+            result["error"] = f"tokens differ from eager's at {differ} of {out.numel()} positions"
+            return result
+        times = []
+        for _ in range(args.reps):
+            sync(device)
+            start = time.perf_counter()
+            generate(model, ids, args.new_tokens, args.cache)
+            sync(device)
+            times.append(time.perf_counter() - start)
+        seconds = sorted(times)[len(times) // 2]
+        result["tokens_per_s"] = ids.shape[0] * args.new_tokens / seconds
+        result["tokens"] = out
+    except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
+        result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    finally:
+        model.forward = forward
+        torch._dynamo.reset()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--cache", default="static", choices=["static", "dynamic"])
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    model = build(args.model, args.tiny, device, dtype)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(1, vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1)).to(device)
+    reference = generate(model, ids, args.new_tokens, args.cache)  # eager's tokens: what every mode must give
+    print(f"{args.model}{' (tiny)' if args.tiny else ''} {args.dtype} batch {args.batch}, prompt {args.prompt}, "
+          f"{args.new_tokens} new tokens, {args.cache} cache, on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}")
+    results = [run_mode(m, model, ids, args, reference, device) for m in modes]
+    eager = next((r.get("tokens_per_s") for r in results if r["mode"] == "eager"), None)
+    ro = next((r.get("tokens_per_s") for r in results if r["mode"] == "compile-ro"), None)
+    print(f"{'mode':<12} {'tokens/s':>10} {'vs eager':>9} {'vs RO':>7} {'first call s':>13}  tokens")
+    for r in results:
+        tps = r.get("tokens_per_s")
+        cells = [f"{tps:10.1f}" if tps else f"{'-':>10}",
+                 f"{tps / eager:8.2f}x" if tps and eager else f"{'-':>9}",
+                 f"{tps / ro:6.2f}x" if tps and ro else f"{'-':>7}",
+                 f"{r['first_s']:13.1f}" if "first_s" in r else f"{'-':>13}"]
+        print(f"{r['mode']:<12} " + " ".join(cells) + ("  same as eager" if "error" not in r else f"  FAILED: {r['error']}"))
+    if args.json is not None:
+        rows = [{k: v for k, v in r.items() if k != "tokens"} for r in results]
+        args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
