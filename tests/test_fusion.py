@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from helpers import compile_and_check, randn
@@ -162,3 +163,16 @@ def test_reduction_over_a_single_element_runs_through_aten(config, device) -> No
     fn = lambda t: (t.sum(0), t / (t.sum(0, keepdim=True).abs() + 1), torch.softmax(t, 0))
     compiled = compile_and_check(fn, [randn(1, device=device)], config)
     assert "a reduction over a single element runs through ATen" in compiled.explain(source=False)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.expand(5, 8).sum(1),  # reduced extent a power of two: no column mask to broadcast it
+    lambda x: torch.softmax(x.expand(5, 8) * 2, 1),
+    lambda x: torch.var(x.expand(5, 6), 1) + x.expand(5, 6).mean(1),
+    lambda x: torch.nn.functional.layer_norm(x.expand(5, 16), (16,)),
+    lambda x: x[0].expand(2).unsqueeze(0).sum(0) + x[:2, 0],  # one element broadcast: a scalar load
+])
+def test_reduction_of_an_operand_broadcast_along_the_reduced_dims(fn, config, device) -> None:  # type: ignore[no-untyped-def]
+    # the operand loads as a [BLOCK_M, 1] column (or a scalar): it must count row_size times
+    # (x[5, 1].expand(5, 8).sum(1) returned x; found by tests/test_fuzz.py)
+    compile_and_check(fn, [randn(5, 1, device=device)], config)

@@ -25,9 +25,8 @@ so a `where` never flips on rounding noise; casts to bfloat16 are not among them
 Triton's interpreter rounds float32 -> bfloat16 towards zero (ATen: to nearest even). Tolerances:
 see TOLERANCE and SUM_TOLERANCE.
 
-Known bugs kept out of the generator (each marked KNOWN BUG where it is excluded):
-- codegen/kernel.py: a generated reduction whose operand is broadcast along the reduced dims inside
-  the kernel (step_reduction, step_rowwise, matrix-vector products in step_matmul).
+Bugs it found are fixed and have regression tests of their own (tests/test_ops.py, test_fusion.py;
+a reduction over an operand broadcast along the reduced dims: tests/test_fusion.py).
 """
 
 from __future__ import annotations
@@ -594,21 +593,6 @@ def _factors(n: int) -> list[int]:
     return [f for f in range(2, n) if n % f == 0]
 
 
-def _broadcast_along(sample: torch.Tensor | None, dims: Sequence[int]) -> bool:
-    """The value repeats along all of `dims` (it was broadcast or expanded there), or is one element
-    broadcast to several. Random data never repeats: `sample` is the value's probe (Value.probe)."""
-    assert sample is not None
-    if sample.numel() <= 1:
-        return False
-    if bool((sample == sample.reshape(-1)[0]).all()):
-        return True
-    dims = [d % sample.dim() for d in dims]
-    if math.prod(sample.shape[d] for d in dims) <= 1:
-        return False
-    first = sample[tuple(slice(0, 1) if d in dims else slice(None) for d in range(sample.dim()))]
-    return bool((sample == first).all())
-
-
 def step_reduction(b: Builder) -> None:
     a = b.pick(lambda v: v.floating and v.rank >= 1)
     if a is None:
@@ -622,18 +606,6 @@ def step_reduction(b: Builder) -> None:
     keep = b.draw(st.booleans())
     softmax_dim = b.draw(st.integers(-r, r - 1))
     norm_dims = b.draw(st.integers(1, min(r, 2)))
-    reduced = {"softmax": [softmax_dim], "log_softmax": [softmax_dim], "full": list(range(r)),
-               "layer_norm": list(range(r - norm_dims, r))}.get(kind, dims)
-    # KNOWN BUG (codegen/kernel.py, Emitter.reduction): a generated reduction whose operand does not
-    # vary along the reduced dims (broadcast or expanded there inside the kernel) reduces a
-    # [BLOCK_M, 1] tile instead of the row: sum/mean/var/softmax/layer_norm are wrong when the
-    # reduced extent is a power of two (e.g. x[5, 1].expand(5, 8).sum(1) returns x); an operand that
-    # is one element broadcast to several is a scalar load and the kernel fails to compile
-    # (x[0].expand(2).unsqueeze(0).sum(0): "axis 1 out of bounds for shape []").
-    # Excluded here until it is fixed: such a step becomes an elementwise op.
-    if _broadcast_along(a.probe, reduced):
-        b.emit(f"torch.tanh({n})", 1.0)
-        return
     count = math.prod(shape[d] for d in dims)
     if kind == "sum":
         bound = a.bound * count
@@ -685,9 +657,6 @@ def step_rowwise(b: Builder) -> None:
         a = b.add_input(b.fresh_shape(b.draw(st.integers(1, 3))))
     r, shape = a.rank, a.shape
     dims = sorted(b.draw(st.sets(st.integers(0, r - 1), min_size=1, max_size=r)))
-    if _broadcast_along(a.probe, dims):  # KNOWN BUG, see step_reduction
-        b.emit(f"torch.sigmoid({a.name})", 1.0)
-        return
     fn = b.draw(st.sampled_from(["mean", "amax", "sum", "var", "amin"]))
     count = math.prod(shape[d] for d in dims)
     bound = {"mean": a.bound, "amax": a.bound, "amin": a.bound, "sum": a.bound * count, "var": 8 * a.bound**2}[fn]
@@ -784,12 +753,6 @@ def step_matmul(b: Builder) -> None:
         if not b.fits(a.shape[:-2], w.shape[:-2]):
             w = rhs((k, n_out))
         expr, bound = f"({a.name} @ {w.name})", prod_bound(a, w)
-        if a.rank == 1 or w.rank == 1:  # a matrix-vector or dot product: lowered to a sum over k
-            x, y = a.probe.double(), w.probe.double()
-            terms = x * y if w.rank == 1 else x[..., :, None] * y
-            if _broadcast_along(terms, [-1 if w.rank == 1 else -2]):  # KNOWN BUG, see step_reduction
-                b.emit(f"torch.tanh({a.name})", 1.0)
-                return
     b.emit(expr, bound, sums=True)
 
 

@@ -453,6 +453,10 @@ class Emitter:
         finally:
             self.guard = outer
         x = loaded.text if loaded.dtype == acc else f"{loaded.text}.to({TL_DTYPE[acc]})"
+        # an operand that does not vary along the reduced dims (broadcast or expanded there) loads as a
+        # [BLOCK_M, 1] column or a scalar: spread it over the row tile first, or the sum would count it
+        # once instead of row_size times (x[5, 1].expand(5, 8).sum(1) returned x; found by the fuzz test)
+        x = self.tmp(f"tl.broadcast_to({x}, (BLOCK_M, BLOCK_R))", acc).text
         r = self.domain.row_size
         name = packet_name(node.op)
         if name in ("sum", "mean", "var"):
