@@ -242,3 +242,24 @@ def test_random_batches_and_lengths_through_both_entry_points(name: str, config:
     assert stats["specializations"] <= 4 and 1 <= stats["specializations_built"] <= len(pairs)
     symbolic = [g for g in backend_module.compiled_graphs if isinstance(g, backend_module.SymbolicGraph)]
     assert symbolic and len(symbolic[-1].plans) <= 4
+
+
+def test_compiles_per_model_are_bounded(config: Any) -> None:
+    """Past Config.max_specializations_built compiles, a new shape runs eagerly (one warning) on
+    both entry points, while the plans kept still serve their shapes."""
+    model = _model("bert")
+    bounded = config.replace(max_specializations=2, max_specializations_built=2, executor="reference")
+    lengths = [4, 5, 6, 7, 5]
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(bounded))
+    with torch.no_grad(), pytest.warns(streamfuse.StreamfuseFallbackWarning, match="max_specializations_built"):
+        compiled = streamfuse.compile(model, (_ids(2, 3, seed=0),), bounded)
+        for k, tokens in enumerate(lengths):
+            ids = _ids(2, tokens, seed=k)
+            ref = model(ids)
+            _close(compiled(ids), ref)
+            _close(fast(ids), ref)
+    assert compiled.stats["specializations_built"] == 2 and compiled.specialization_overflow
+    assert "max_specializations_built" in compiled.explain(source=False)
+    symbolic = [g for g in backend_module.compiled_graphs if isinstance(g, backend_module.SymbolicGraph)][-1]
+    assert symbolic.built == 2 and symbolic.overflow is not None

@@ -155,6 +155,12 @@ class Config:
     compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model
     again; the torch.compile backend traces Dynamo's graph at the concrete sizes). At most this many
     are kept, least recently used out; 0 makes such a call a ValueError instead."""
+    max_specializations_built: int = 16
+    """After this many specializations of one model (or one backend graph) have been compiled,
+    evicted ones included, a call with yet another new shape runs eagerly (ATen), with one warning,
+    while the plans kept still serve their shapes: a workload cycling through more shapes than the
+    cache keeps (token-by-token generation with a growing cache) would otherwise compile on
+    nearly every call."""
     reuse_outputs: bool = False
     """True returns the graph's own output buffers (zero-copy), overwritten by the next call;
     False (default) returns fresh tensors."""
@@ -245,6 +251,9 @@ class Config:
             raise ValueError(f"Config.compile_threads must be an int >= 0, got {self.compile_threads!r}")
         if not isinstance(self.max_specializations, int) or self.max_specializations < 0:
             raise ValueError(f"Config.max_specializations must be an int >= 0, got {self.max_specializations!r}")
+        if not isinstance(self.max_specializations_built, int) or self.max_specializations_built < 0:
+            raise ValueError(f"Config.max_specializations_built must be an int >= 0, "
+                             f"got {self.max_specializations_built!r}")
         if not isinstance(self.output_sets, int) or self.output_sets < 0:
             raise ValueError(f"Config.output_sets must be an int >= 0, got {self.output_sets!r}")
         if self.fusion_fuel is not None and self.fusion_fuel < 0:

@@ -82,11 +82,18 @@ class SymbolicGraph:
         self.plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self.built = 0
         """Plans built so far (evicted ones included): the number of compilations."""
+        self.overflow: EagerGraph | None = None
+        """Runs new shapes once Config.max_specializations_built plans were built."""
 
     def run_flat(self, args: list[Any]) -> list[Any]:
         key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
                     for a in args)
         plan = self.plans.get(key)
+        if plan is None and self.built >= self.config.max_specializations_built:
+            if self.overflow is None:
+                self.overflow = EagerGraph(self.gm, f"{self.built} concrete plans were compiled already "
+                                                    "(Config.max_specializations_built): new shapes run eagerly")
+            return self.overflow.run_flat(args)
         if plan is None:
             plan = self._specialize(args)
             self.plans[key] = plan
@@ -121,7 +128,8 @@ class SymbolicGraph:
         return compile_graph(traced, tensors, self.config)
 
     def explain(self, source: bool = True) -> str:
-        parts = [f"graph with symbolic sizes: {len(self.plans)} concrete plan(s) kept, {self.built} built"]
+        parts = [f"graph with symbolic sizes: {len(self.plans)} concrete plan(s) kept, {self.built} built"
+                 + (" (Config.max_specializations_built reached: new shapes run eagerly)" if self.overflow else "")]
         parts += [p.explain(source) for p in self.plans.values()]
         return "\n".join(parts)
 

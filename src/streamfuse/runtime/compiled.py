@@ -69,6 +69,8 @@ class CompiledGraph:
         self.specializations: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self.specializations_built = 0
         """Specializations compiled so far, evicted ones included: the number of extra compilations."""
+        self.specialization_overflow = False
+        """Config.max_specializations_built was reached: further new shapes run eagerly."""
         """Input signature -> the model compiled for it, least recently used first."""
         self.compile_s: float | None = None
         """Seconds the compile of this plan took (set by streamfuse.compile)."""
@@ -255,6 +257,13 @@ class CompiledGraph:
         if found is not None:
             self.specializations.move_to_end(key)
             return found
+        if self.specializations_built >= self.config.max_specializations_built and self.eager is not None:
+            if not self.specialization_overflow:
+                self.specialization_overflow = True
+                warn_fallback("a call with a shape not compiled yet", (
+                    f"{self.specializations_built} specializations were compiled already "
+                    f"(Config.max_specializations_built); the {len(self.specializations)} kept still serve their shapes"))
+            return self.eager
         found = self.specialize(tuple(inputs))  # type: ignore[misc]
         self.specializations_built += 1
         self.specializations[key] = found

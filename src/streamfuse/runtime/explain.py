@@ -146,6 +146,9 @@ def _compile_lines(compiled: CompiledGraph) -> list[str]:
             cost = other.stats.get("compile_s")
             lines.append(f"  ({shapes}): " + (f"compiled in {cost:.2f} s, {other.stats['kernels']} kernels"
                                                 if cost is not None else str(other.stats.get("fallback"))))
+    if compiled.specialization_overflow:
+        lines.append(f"  {compiled.specializations_built} specializations compiled "
+                     f"(Config.max_specializations_built): calls with other new shapes run the model eagerly")
     return lines
 
 
