@@ -274,3 +274,43 @@ def test_gpt2_tied_weights(train_config: streamfuse.Config) -> None:
     steps = 1 if train_config.executor == "triton" and not torch.cuda.is_available() else 2
     batches = [(torch.randint(0, 256, (2, 16), generator=_gen(40 + i)),) for i in range(steps)]
     train_and_compare(model, batches, lambda m, ids: m(ids, labels=ids).loss, train_config)
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert", "roberta", "t5", "llama"])
+def test_text_architectures_train_like_eager(arch: str, config: streamfuse.Config) -> None:
+    """The suite's other Hugging Face architectures in training mode (small configs, dropout 0): padding
+    and attention masks, relative position buckets (T5), RoPE, RMSNorm, SwiGLU and grouped-query
+    attention (Llama); two SGD steps, every gradient against eager (reference executor: the generated
+    kernels of these models are checked by GPT-2 above and by tests/test_models.py)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(5)
+    common = dict(vocab_size=128)
+    if arch == "bert":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common))
+    elif arch == "distilbert":
+        model = transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
+            n_layers=2, dim=32, n_heads=4, hidden_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+            **common))
+    elif arch == "roberta":
+        model = transformers.RobertaForMaskedLM(transformers.RobertaConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, max_position_embeddings=70,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common))
+    elif arch == "t5":
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+            num_layers=2, d_model=32, d_kv=8, num_heads=4, d_ff=64, dropout_rate=0.0, decoder_start_token_id=0,
+            **common))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+            max_position_embeddings=64, **common))
+    model = model.float().train()
+    ids = [torch.randint(1, 128, (2, 12), generator=_gen(50 + i)) for i in range(2)]
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 9:] = 0  # a padded second row
+
+    def loss(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(input_ids=x, attention_mask=mask, labels=x).loss  # type: ignore[no-any-return]
+
+    train_and_compare(model, [(x,) for x in ids], loss, config.replace(executor="reference"))
