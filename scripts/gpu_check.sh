@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate]
+#                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate] [training]
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~16 min: more than one call may run, so split it, e.g. `tests streams share`, then
 #   `epilogue bench tma`)
@@ -18,7 +18,7 @@ if [ "${1:-}" = record ]; then
   tar xzf "$archive" -C "$tmp" || { rm -rf "$tmp"; exit 1; }
   for f in epilogue.txt streams.txt host.txt share.txt instances.txt launch.txt bench.txt tma.txt \
            bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt \
-           generate.txt generate.json; do
+           generate.txt generate.json training.txt training.json; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -63,6 +63,7 @@ step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert 
 step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-small,llama --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-e"
 step generate 400 python3 benchmarks/generate.py --json "$OUT/generate.json"
+step training 500 python3 benchmarks/training.py --json "$OUT/training.json"
 step compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --peer && python3 benchmarks/compile_time.py --cache "$c"'
 step bandwidth 300 python3 benchmarks/kernel_bandwidth.py
 # the device tool returns at most 8 files: everything in one archive, the logs beside it
@@ -81,6 +82,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
 for f in models-a models-b models-c models-d models-e; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
+[ -f "$OUT/training.txt" ] && tail -14 "$OUT/training.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 exit 0

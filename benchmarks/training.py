@@ -1,0 +1,251 @@
+"""One training step (forward, backward, SGD update) side by side in one process: eager, torch.compile
+(Inductor, default mode) and `torch.compile(backend="streamfuse")` — issue 16's benchmark.
+
+    python benchmarks/training.py [--models resnet18,resnet50,bert-base,gpt2] [--steps 20] [--json FILE]
+    python benchmarks/training.py --tiny          # one-layer text configs on any machine (a smoke test)
+
+Per model and mode: milliseconds per step (median over `--steps`, after three warm-up steps that
+compile), first-step seconds (compile included), peak memory of a step (CUDA's max allocated during
+the timed steps, model and optimizer state included), and the check: after one step from the same
+weights on the same batch, every parameter's gradient against eager's (relative norm; float32 with
+TF32 off for the check, TF32 as the process's defaults for the timing). A mode whose gradients are off
+by more than 1e-3 is reported as a failure, not a time.
+
+Workloads (random weights, fixed seeds): resnet18 at batch 16 (64x64), resnet50 at batch 32
+(224x224), BERT-base and GPT-2 small at 8 x 128 tokens; the loss is cross-entropy on random labels
+(vision) or the model's output projected on a fixed random direction (text: the whole network's
+backward either way).
+Vision models need torchvision (the device machine has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+MODES = ("eager", "compile", "streamfuse")
+GRAD_RTOL = 1e-3
+
+
+@dataclass
+class Workload:
+    name: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[torch.device, int], tuple[torch.Tensor, ...]]
+    """(device, seed) -> the step's inputs (the last one is the vision label)."""
+    loss: Callable[[nn.Module, tuple[torch.Tensor, ...]], torch.Tensor]
+
+
+def _vision(name: str, batch: int, size: int) -> Workload:
+    def build() -> nn.Module:
+        import torchvision
+
+        return getattr(torchvision.models, name)(weights=None, num_classes=1000)
+
+    def inputs(device: torch.device, seed: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(batch, 3, size, size, generator=gen).to(device),
+                torch.randint(0, 1000, (batch,), generator=gen).to(device))
+
+    return Workload(f"{name} b{batch} {size}x{size}", build, inputs,
+                    lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]))
+
+
+def _text(name: str, tiny: bool) -> Workload:
+    from streamfuse.bench.models import MODELS
+
+    spec = next(s for s in MODELS if s.name == name)
+    batch, tokens = (2, 16) if tiny else (8, 128)
+
+    def build() -> nn.Module:
+        model = spec.build(tiny)
+        for m in model.modules():  # deterministic steps: dropout off (the check compares gradients)
+            if isinstance(m, nn.Dropout):
+                m.p = 0.0
+            for key, value in vars(m).items():  # attention dropout rates kept as floats (SDPA's dropout_p)
+                if "drop" in key and isinstance(value, float):
+                    setattr(m, key, 0.0)
+        return model
+
+    def inputs(device: torch.device, seed: int) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        vocab = 256 if tiny else 30000
+        return (torch.randint(0, vocab, (batch, tokens), generator=gen).to(device),)
+
+    return Workload(f"{name.split()[0]} b{batch}x{tokens}", build, inputs, _projected_loss)
+
+
+def _projected_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The output against a fixed random direction (not its mean square: a model ending in a
+    LayerNorm has a mean square of ~1 whatever its weights, so every gradient would be noise)."""
+    out = model(batch[0]).float()
+    direction = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.device)
+    return (out * direction).mean()
+
+
+def workloads(names: list[str], tiny: bool) -> list[Workload]:
+    table: dict[str, Callable[[], Workload]] = {
+        "resnet18": lambda: _vision("resnet18", 16, 64),
+        "resnet50": lambda: _vision("resnet50", 32, 224),
+        "bert-base": lambda: _text("bert-base", tiny),
+        "gpt2": lambda: _text("gpt2 prefill", tiny),
+    }
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"error: --models takes {', '.join(table)}; got {', '.join(unknown)}")
+    return [table[n]() for n in names]
+
+
+@contextlib.contextmanager
+def exact_fp32() -> Iterator[None]:
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def wrap(mode: str, model: nn.Module) -> Callable[..., Any]:
+    import streamfuse
+
+    if mode == "compile":
+        return torch.compile(model)  # type: ignore[return-value]
+    if mode == "streamfuse":
+        return torch.compile(model, backend=streamfuse.make_backend())  # type: ignore[return-value]
+    return model
+
+
+def seeded(w: Workload, device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    return w.build().to(device).train()
+
+
+def gradients(w: Workload, mode: str, device: torch.device) -> dict[str, torch.Tensor]:
+    model = seeded(w, device)
+    fn = wrap(mode, model)
+    w.loss(fn, w.batch(device, 1)).backward()  # type: ignore[arg-type]
+    return {n: p.grad.detach().double().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference: dict[str, torch.Tensor]
+             ) -> dict[str, Any]:
+    result: dict[str, Any] = {"mode": mode}
+    torch._dynamo.reset()
+    try:
+        if mode != "eager":
+            with exact_fp32():
+                got = gradients(w, mode, device)
+            worst = max(((got[n] - g).norm() / g.norm().clamp_min(1e-30)).item() for n, g in reference.items()
+                        if g.norm() > 1e-8 * max(r.norm() for r in reference.values()))
+            result["grad_rel_err"] = worst
+            missing = set(reference) ^ set(got)
+            if missing or worst > GRAD_RTOL:
+                result["error"] = (f"gradients differ from eager's: worst relative norm error {worst:.2e}"
+                                   + (f"; missing for {sorted(missing)[:3]}" if missing else ""))
+                return result
+            torch._dynamo.reset()
+        model = seeded(w, device)
+        fn = wrap(mode, model)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        batch = w.batch(device, 2)
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            w.loss(fn, batch).backward()  # type: ignore[arg-type]
+            opt.step()
+
+        start = time.perf_counter()
+        step()
+        sync(device)
+        result["first_step_s"] = time.perf_counter() - start
+        for _ in range(2):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for _ in range(steps):
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            times.append(time.perf_counter() - start)
+        result["ms_per_step"] = 1000 * statistics.median(times)
+        if device.type == "cuda":
+            result["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
+        text = str(exc).strip().splitlines()
+        result["error"] = f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+    finally:
+        torch._dynamo.reset()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet18,resnet50,bert-base,gpt2")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--tiny", action="store_true", help="one-layer text configs, short sequences (CPU smoke test)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    rows = []
+    print(f"training step (forward + backward + SGD) on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}"
+          f", torch {torch.__version__}")
+    print(f"{'workload':<24} {'mode':<11} {'ms/step':>9} {'vs eager':>9} {'vs compile':>11} {'peak MiB':>9} "
+          f"{'grad err':>9} {'1st step s':>10}")
+    for w in workloads(names, args.tiny):
+        try:
+            with exact_fp32():
+                reference = gradients(w, "eager", device)
+        except ImportError as exc:
+            print(f"{w.name:<24} unavailable: {exc}")
+            continue
+        results = [run_mode(w, m, device, args.steps, reference) for m in modes]
+        base = {r["mode"]: r.get("ms_per_step") for r in results}
+        for r in results:
+            ms = r.get("ms_per_step")
+
+            def ratio(other: str) -> str:
+                b = base.get(other)
+                return f"{b / ms:.2f}x" if ms and b else "-"
+
+            cells = [f"{ms:9.2f}" if ms else f"{'-':>9}", f"{ratio('eager'):>9}", f"{ratio('compile'):>11}",
+                     f"{r['peak_mib']:9.0f}" if "peak_mib" in r else f"{'-':>9}",
+                     f"{r['grad_rel_err']:9.1e}" if "grad_rel_err" in r else f"{'-':>9}",
+                     f"{r['first_step_s']:10.1f}" if "first_step_s" in r else f"{'-':>10}"]
+            print(f"{w.name:<24} {r['mode']:<11} " + " ".join(cells)
+                  + (f"  FAILED: {r['error']}" if "error" in r else ""))
+            rows.append({"workload": w.name, **r})
+    if args.json is not None:
+        args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
