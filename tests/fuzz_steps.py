@@ -474,13 +474,68 @@ def step_pool(b: Builder) -> None:
         b.emit(f"F.{kind}_pool2d({a.name}, 1)", a.bound, exact)
 
 
+def step_index(b: Builder) -> None:
+    """Ops real models index and scan with: index_select and gather by positions computed in the
+    program (arange arithmetic, argmax), embedding lookups, cumsum, tril/triu masks, flip, roll,
+    masked_fill and stack."""
+    a = b.pick(lambda v: v.floating and v.rank >= 1)
+    if a is None:
+        a = b.add_input(b.fresh_shape(b.draw(st.integers(1, 3))))
+    n, r, shape = a.name, a.rank, a.shape
+    d = b.draw(st.integers(0, r - 1))
+    size = shape[d]
+    dev = f"device={n}.device"
+    kind = b.draw(st.sampled_from(["index_select", "gather", "gather_argmax", "embedding", "cumsum", "tril",
+                                   "flip", "roll", "masked_fill", "stack"]))
+    if kind == "index_select":
+        k = b.draw(st.integers(1, 4))
+        b.emit(f"{n}.index_select({d}, (torch.arange({k}, {dev}) * {b.draw(st.sampled_from([1, 2, 3]))}) % {size})",
+               a.bound, a.exact)
+    elif kind == "gather":  # every position along d, shifted by one: a permutation of the rows
+        idx = f"((torch.arange({size}, {dev}) + 1) % {size}).view({_lit([size if i == d else 1 for i in range(r)])})"
+        b.emit(f"torch.gather({n}, {d}, {idx}.expand({_lit(list(shape))}))", a.bound, a.exact)
+    elif kind == "gather_argmax" and a.exact:  # positions from the data: ties are exact, so equal in both
+        b.emit(f"torch.gather({n}, {d}, {n}.argmax({d}, keepdim=True))", a.bound, a.exact)
+    elif kind == "embedding" and r == 2:
+        rows = b.draw(st.integers(1, 6))
+        b.emit(f"F.embedding((torch.arange({rows}, {dev}) * 5 + 1) % {shape[0]}, {n})", a.bound, a.exact)
+    elif kind == "cumsum":
+        bound = a.bound * size
+        if bound <= LIMIT:
+            b.emit(f"{n}.cumsum({d})", bound, sums=True)
+        else:
+            b.emit(f"torch.tanh({n}).cumsum({d})", float(size), sums=True)
+    elif kind == "tril" and r >= 2:
+        fn = b.draw(st.sampled_from(["tril", "triu"]))
+        b.emit(f"torch.{fn}({n}, {b.draw(st.integers(-1, 1))})", a.bound, a.exact)
+    elif kind == "flip":
+        b.emit(f"{n}.flip({d})", a.bound, a.exact)
+    elif kind == "roll":
+        b.emit(f"torch.roll({n}, {b.draw(st.integers(-2, 2))}, {d})", a.bound, a.exact)
+    elif kind == "stack":
+        o = b.pick(lambda v: v is not a and v.shape == a.shape and v.dtype == a.dtype)
+        if o is None:
+            b.emit(f"torch.stack([{n}, {n} * 0.5], {b.draw(st.integers(0, r))})", a.bound)
+        else:
+            b.emit(f"torch.stack([{n}, {o.name}], {b.draw(st.integers(0, r))})", max(a.bound, o.bound),
+                   a.exact and o.exact)
+    else:  # masked_fill by a comparison of exact values (never flips on rounding), or the fallback op
+        if a.exact:
+            c = b.draw(st.sampled_from(SCALARS))
+            b.emit(f"{n}.masked_fill({n} > 0, {c})", max(a.bound, abs(c)), True)
+        else:
+            b.emit(f"{n}.masked_fill(torch.ones_like({n}, dtype=torch.bool).tril(), 0.0)" if r >= 2
+                   else f"{n}.flip(0)", a.bound)
+
+
 FAMILIES: dict[str, list[Callable[[Builder], None]]] = {
     "pointwise": [step_unary, step_binary, step_compare, step_cast, step_binary, step_view, step_compare],
     "views": [step_view, step_unary, step_view, step_binary, step_view],
     "reductions": [step_reduction, step_rowwise, step_reduction, step_unary, step_binary, step_view],
     "matmul_cat_pool": [step_matmul, step_cat, step_pool, step_unary, step_binary, step_view],
+    "indexing": [step_index, step_unary, step_index, step_binary, step_view, step_reduction],
     "mixed": [step_unary, step_binary, step_view, step_compare, step_cast, step_reduction, step_rowwise, step_matmul,
-              step_cat, step_pool],
+              step_cat, step_pool, step_index],
 }
 
 

@@ -12,7 +12,7 @@ GeneratorError: a bug here), and a failure prints the program itself, a ready-ma
 (`Program.__repr__`: the inputs' shapes, dtypes, layouts and seed, then the source).
 
 Profiles:
-- CI (default): `test_fuzz[family]`, 5 families x 120 programs, derandomized, ~2 minutes on 2 CPU
+- CI (default): `test_fuzz[family]`, 6 families, 700 programs, derandomized, ~2.5 minutes on 2 CPU
   cores (Triton's interpreter; on a CUDA machine the same programs run on the GPU).
 - long: `pytest tests/test_fuzz.py --fuzz-examples=2000` (programs per family, any machine), and
   `pytest -m gpu -k fuzz` on the device machine (`test_fuzz_long_on_gpu`: compiled kernels on CUDA,
