@@ -5,6 +5,8 @@ expanded) and dtypes (float32; float16/bfloat16 for about half), run eagerly, th
 a fresh function object per program), and compared with eager: same number of outputs, shapes,
 dtypes and devices, values within tolerance, inputs unchanged. Any exception from streamfuse on a
 program that eager runs is a failure, and so is a fallback to eager (StreamfuseFallbackWarning).
+Float32 programs are also differentiated through the backend: every input's gradient against eager's
+(`check_gradients`: AOTAutograd's backward graph runs through streamfuse as well).
 
 A program is Python source (one line per op) built step by step by hypothesis: each step is evaluated
 on the example inputs while it is drawn, so every program runs eagerly (a step eager rejects is a
@@ -12,7 +14,7 @@ GeneratorError: a bug here), and a failure prints the program itself, a ready-ma
 (`Program.__repr__`: the inputs' shapes, dtypes, layouts and seed, then the source).
 
 Profiles:
-- CI (default): `test_fuzz[family]`, 6 families, 700 programs, derandomized, ~2.5 minutes on 2 CPU
+- CI (default): `test_fuzz[family]`, 6 families, 530 programs, derandomized, ~5 minutes on 2 CPU
   cores (Triton's interpreter; on a CUDA machine the same programs run on the GPU).
 - long: `pytest tests/test_fuzz.py --fuzz-examples=2000` (programs per family, any machine), and
   `pytest -m gpu -k fuzz` on the device machine (`test_fuzz_long_on_gpu`: compiled kernels on CUDA,
@@ -125,6 +127,36 @@ def _check_program(program: Program, config: Config, device: str | torch.device)
                          program.precision, program.scales)
     for i, (t, t0) in enumerate(zip(inputs, originals, strict=True)):
         assert torch.equal(t, t0), f"torch.compile(backend=streamfuse) changed input {i}"
+    if program.precision == torch.float32:
+        check_gradients(program, config, inputs)
+
+
+def check_gradients(program: Program, config: Config, inputs: list[torch.Tensor]) -> None:
+    """Training through the backend: the gradients of every float32 input, of the float outputs
+    projected on fixed random directions, against eager's (the backward graph AOTAutograd derives
+    runs through streamfuse too). Float32 programs only, where the forward's tolerance carries over."""
+    leaves = [t.detach().clone().requires_grad_(t.dtype == torch.float32) for t in inputs]
+    if not any(t.requires_grad for t in leaves):
+        return
+
+    def grads(fn: Any) -> list[torch.Tensor | None]:
+        xs = [t.detach().clone().requires_grad_(t.requires_grad) for t in leaves]
+        outs = [o for o in _flat(fn(*xs)) if isinstance(o, torch.Tensor) and o.dtype in FLOATS and o.requires_grad]
+        if not outs:
+            return []
+        gen = torch.Generator().manual_seed(program.seed)
+        loss = sum((o.float() * torch.randn(o.shape, generator=gen).to(o.device)).sum() for o in outs)
+        got = torch.autograd.grad(loss, [x for x in xs if x.requires_grad], allow_unused=True)
+        return [None if g is None else g.detach() for g in got]
+
+    expected = grads(program.function())
+    if not expected:
+        return
+    torch._dynamo.reset()
+    got = grads(torch.compile(program.function(), backend=streamfuse.make_backend(config)))
+    assert [g is None for g in got] == [g is None for g in expected], "backward: other inputs have gradients"
+    assert_matches_eager([g for g in got if g is not None], [g for g in expected if g is not None],
+                         "torch.compile(backend=streamfuse) backward (input gradients)")
 
 
 FUZZ_SETTINGS = dict(deadline=None, derandomize=True, print_blob=True,
