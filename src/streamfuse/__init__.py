@@ -70,7 +70,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
 
     def convert(cap: Captured) -> Graph:
         """Captured -> Graph, batch-norms folded; every batch bucket shares one snapshot of the folds."""
-        graph = graph_from_fx(cap.gm, cap.bound)
+        graph = graph_from_fx(cap.gm, cap.bound, cap.literals)
         if config.fold_batchnorm:
             fold_batchnorm(graph, folds)
         return graph

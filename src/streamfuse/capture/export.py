@@ -41,6 +41,9 @@ class Captured:
     out_spec: pytree.TreeSpec
     input_names: list[str]
     mutated: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    literals: frozenset[str] = frozenset()
+    """Placeholders in `bound` holding tensors the trace made (torch.export's lifted constants), not
+    the model's state: the graph may copy them (ir/from_fx.py, snapshots)."""
     how: str = "one trace"
     """Which capture path made the graph: "one trace", or "torch.export" with why the first did not apply."""
 
@@ -230,11 +233,13 @@ def _capture_export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], l
         ep = torch.export.export(module, inputs, strict=False)
         ep = ep.run_decompositions(decomposition_table())
     bound: dict[str, torch.Tensor] = {}
+    literals: set[str] = set()
     for spec in ep.graph_signature.input_specs:
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
             bound[spec.arg.name] = live.get(spec.target, ep.state_dict.get(spec.target))  # type: ignore[arg-type]
         elif spec.kind == InputKind.CONSTANT_TENSOR:
             bound[spec.arg.name] = ep.constants[spec.target]  # type: ignore[index]
+            literals.add(spec.arg.name)
         elif spec.kind != InputKind.USER_INPUT:
             raise NotImplementedError(f"export input kind {spec.kind} is not supported")
     mutated = []
@@ -247,4 +252,4 @@ def _capture_export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], l
         elif spec.kind != OutputKind.USER_OUTPUT:
             raise NotImplementedError(f"export output kind {spec.kind} is not supported")
     return Captured(gm=ep.graph_module, bound=bound, out_spec=ep.call_spec.out_spec, input_names=names,
-                    mutated=mutated)
+                    mutated=mutated, literals=frozenset(literals))

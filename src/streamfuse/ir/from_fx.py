@@ -28,15 +28,17 @@ class UnsupportedGraph(ValueError):
     """The fx graph holds something the IR cannot represent (e.g. dynamic shapes)."""
 
 
-def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | None = None) -> Graph:
+def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | None = None,
+                  literals: frozenset[str] = frozenset()) -> Graph:
     """Convert `gm`. Placeholders named in `bound` become compile-time constants (weights);
-    the others, in order, are the graph's inputs."""
+    the others, in order, are the graph's inputs. Bound placeholders named in `literals` (tensors
+    the trace made, as torch.export lifts them) are snapshots, like get_attr constants."""
     bound = dict(bound or {})
     env: dict[torch.fx.Node, Arg] = {}
     nodes: list[Node] = []
     inputs: list[Node] = []
     constants: dict[Node, torch.Tensor] = {}
-    literals: set[Node] = set()  # tensors the trace made (get_attr), not the module's live state
+    literals_seen: set[Node] = set()  # tensors the trace made (get_attr), not the module's live state
     outputs: list[Arg] = []
     names: set[str] = set()
 
@@ -63,6 +65,8 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
             env[fx_node] = node
             if fx_node.name in bound:
                 constants[node] = bound[fx_node.name]
+                if fx_node.name in literals:
+                    literals_seen.add(node)
             else:
                 inputs.append(node)
         elif fx_node.op == "get_attr":
@@ -74,7 +78,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                         dtype=value.dtype, strides=tuple(value.stride()))
             nodes.append(node)
             constants[node] = value
-            literals.add(node)
+            literals_seen.add(node)
             env[fx_node] = node
         elif fx_node.op == "call_function":
             target = fx_node.target
@@ -114,7 +118,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
     source_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function"
                      and n.target is not operator.getitem and str(n.target) not in _DROPPED)
     nodes = _live(nodes, outputs)
-    graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, snapshots=literals,
+    graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, snapshots=literals_seen,
                   source_ops=source_ops)
     graph.validate()
     return graph

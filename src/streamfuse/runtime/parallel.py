@@ -72,7 +72,7 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
         if captured.mutated:
             raise ValueError(f"models[{i}] updates buffers in place (training-mode batch-norm?): "
                              "streamfuse.parallel takes inference models")
-        graph = graph_from_fx(captured.gm, captured.bound)
+        graph = graph_from_fx(captured.gm, captured.bound, captured.literals)
         if config.fold_batchnorm:
             fold_batchnorm(graph, folds)
         graphs.append(graph)
