@@ -21,13 +21,11 @@ Vision models need torchvision (the device machine has it).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,8 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from streamfuse.bench.runner import exact_fp32  # noqa: E402 - after the path
 
 MODES = ("eager", "compile", "streamfuse")
 GRAD_RTOL = 1e-3
@@ -108,16 +108,6 @@ def workloads(names: list[str], tiny: bool) -> list[Workload]:
     if unknown:
         raise SystemExit(f"error: --models takes {', '.join(table)}; got {', '.join(unknown)}")
     return [table[n]() for n in names]
-
-
-@contextlib.contextmanager
-def exact_fp32() -> Iterator[None]:
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def wrap(mode: str, model: nn.Module) -> Callable[..., Any]:

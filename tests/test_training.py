@@ -276,7 +276,24 @@ def test_gpt2_tied_weights(train_config: streamfuse.Config) -> None:
     train_and_compare(model, batches, lambda m, ids: m(ids, labels=ids).loss, train_config)
 
 
-@pytest.mark.parametrize("arch", ["bert", "distilbert", "roberta", "t5", "llama"])
+_BERT_LIKE = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+TEXT_ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # name: (model class, config class, small config with dropout 0)
+    "bert": ("BertForMaskedLM", "BertConfig", dict(_BERT_LIKE, max_position_embeddings=64)),
+    "distilbert": ("DistilBertForMaskedLM", "DistilBertConfig",
+                   dict(n_layers=2, dim=32, n_heads=4, hidden_dim=64, max_position_embeddings=64, dropout=0.0,
+                        attention_dropout=0.0)),
+    "roberta": ("RobertaForMaskedLM", "RobertaConfig", dict(_BERT_LIKE, max_position_embeddings=70)),
+    "t5": ("T5ForConditionalGeneration", "T5Config",
+           dict(num_layers=2, d_model=32, d_kv=8, num_heads=4, d_ff=64, dropout_rate=0.0, decoder_start_token_id=0)),
+    "llama": ("LlamaForCausalLM", "LlamaConfig",
+              dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=64, max_position_embeddings=64)),
+}
+
+
+@pytest.mark.parametrize("arch", list(TEXT_ARCHITECTURES))
 def test_text_architectures_train_like_eager(arch: str, config: streamfuse.Config) -> None:
     """The suite's other Hugging Face architectures in training mode (small configs, dropout 0): padding
     and attention masks, relative position buckets (T5), RoPE, RMSNorm, SwiGLU and grouped-query
@@ -284,27 +301,8 @@ def test_text_architectures_train_like_eager(arch: str, config: streamfuse.Confi
     kernels of these models are checked by GPT-2 above and by tests/test_models.py)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(5)
-    common = dict(vocab_size=128)
-    if arch == "bert":
-        model = transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common))
-    elif arch == "distilbert":
-        model = transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
-            n_layers=2, dim=32, n_heads=4, hidden_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
-            **common))
-    elif arch == "roberta":
-        model = transformers.RobertaForMaskedLM(transformers.RobertaConfig(
-            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64, max_position_embeddings=70,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **common))
-    elif arch == "t5":
-        model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-            num_layers=2, d_model=32, d_kv=8, num_heads=4, d_ff=64, dropout_rate=0.0, decoder_start_token_id=0,
-            **common))
-    else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-            max_position_embeddings=64, **common))
+    model_class, config_class, sizes = TEXT_ARCHITECTURES[arch]
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=128, **sizes))
     model = model.float().train()
     ids = [torch.randint(1, 128, (2, 12), generator=_gen(50 + i)) for i in range(2)]
     mask = torch.ones(2, 12, dtype=torch.long)

@@ -158,12 +158,13 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
     (output,) = [n for n in gm.graph.nodes if n.op == "output"]
     results = list(output.args[0])
     mutated: list[tuple[int, torch.Tensor]] = []
+    parameters = {name for name, _ in module.named_parameters()}
     for node in [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]:
         target = node.args[0]
         if not (isinstance(target, torch.fx.Node) and target.op == "placeholder"):
             continue
         key = owner.get(target)
-        if key is None or key in dict(module.named_parameters()):
+        if key is None or key in parameters:
             raise NotImplementedError("the model modifies one of its inputs or parameters in place; streamfuse.compile "
                                       "does not support that (torch.compile(backend='streamfuse') does)")
         mutated.append((len(results), state[key]))

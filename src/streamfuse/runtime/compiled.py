@@ -67,11 +67,11 @@ class CompiledGraph:
         self.specialize = specialize if base.config.max_specializations > 0 else None
         """Builds the model for inputs whose shapes (beyond a padded batch) or dtypes differ."""
         self.specializations: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        """Input signature -> the model compiled for it, least recently used first."""
         self.specializations_built = 0
         """Specializations compiled so far, evicted ones included: the number of extra compilations."""
         self.specialization_overflow = False
         """Config.max_specializations_built was reached: further new shapes run eagerly."""
-        """Input signature -> the model compiled for it, least recently used first."""
         self.compile_s: float | None = None
         """Seconds the compile of this plan took (set by streamfuse.compile)."""
         self.capture_path: str | None = None

@@ -80,8 +80,6 @@ class StreamRunner:
                         env[slot].record_stream(stream)
                 for slot in self.release[i]:
                     env[slot] = None
-        if current is not caller:
-            torch.cuda.set_stream(caller)
         for s in sched.join:
             self.join_events[s].record(streams[s])
             caller.wait_event(self.join_events[s])
