@@ -6,10 +6,12 @@
 
 Per model and mode: milliseconds per step (median over `--steps`, after three warm-up steps that
 compile), first-step seconds (compile included), peak memory of a step (CUDA's max allocated during
-the timed steps, model and optimizer state included), and the check: after one step from the same
-weights on the same batch, every parameter's gradient against eager's (relative norm; float32 with
-TF32 off for the check, TF32 as the process's defaults for the timing). A mode whose gradients are off
-by more than 1e-3 is reported as a failure, not a time.
+the timed steps, model and optimizer state included; and max reserved, which also counts what CUDA
+graphs keep in their pools between replays), and the check: after seven forward + backward calls
+from the same weights on the same batch (so the backend's CUDA graphs are replaying), every
+parameter's gradient against eager's (relative norm; float32 with TF32 off for the check, TF32 as the
+process's defaults for the timing). A mode whose gradients are off by more than 1e-3 is reported as
+a failure, not a time. Mode sf-nograph is the backend with Config.backend_cuda_graphs=False.
 
 Workloads (random weights, fixed seeds): resnet18 at batch 16 (64x64), resnet50 at batch 32
 (224x224), BERT-base and GPT-2 small at 8 x 128 tokens; the loss is cross-entropy on random labels
@@ -37,7 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from streamfuse.bench.runner import exact_fp32  # noqa: E402 - after the path
 
-MODES = ("eager", "compile", "streamfuse")
+MODES = ("eager", "compile", "streamfuse", "sf-nograph")
+CHECK_STEPS = 7
+"""Forward and backward calls before the gradients are compared: the backend's training graphs
+record their CUDA graphs at about the fourth (forward) and sixth (backward) call, so the last
+gradients come from replayed graphs."""
 GRAD_RTOL = 1e-3
 
 
@@ -117,6 +123,9 @@ def wrap(mode: str, model: nn.Module) -> Callable[..., Any]:
         return torch.compile(model)  # type: ignore[return-value]
     if mode == "streamfuse":
         return torch.compile(model, backend=streamfuse.make_backend())  # type: ignore[return-value]
+    if mode == "sf-nograph":  # the backend without CUDA graphs (before/after for runtime/replay.py)
+        config = streamfuse.Config(backend_cuda_graphs=False)
+        return torch.compile(model, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
     return model
 
 
@@ -125,10 +134,13 @@ def seeded(w: Workload, device: torch.device) -> nn.Module:
     return w.build().to(device).train()
 
 
-def gradients(w: Workload, mode: str, device: torch.device) -> dict[str, torch.Tensor]:
+def gradients(w: Workload, mode: str, device: torch.device, calls: int = 1) -> dict[str, torch.Tensor]:
+    """Gradients of the loss at the seeded weights, from the last of `calls` forward + backward calls."""
     model = seeded(w, device)
     fn = wrap(mode, model)
-    w.loss(fn, w.batch(device, 1)).backward()  # type: ignore[arg-type]
+    for _ in range(calls):
+        model.zero_grad(set_to_none=True)
+        w.loss(fn, w.batch(device, 1)).backward()  # type: ignore[arg-type]
     return {n: p.grad.detach().double().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -144,7 +156,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
     try:
         if mode != "eager":
             with exact_fp32():
-                got = gradients(w, mode, device)
+                got = gradients(w, mode, device, CHECK_STEPS)
             worst = max(((got[n] - g).norm() / g.norm().clamp_min(1e-30)).item() for n, g in reference.items()
                         if g.norm() > 1e-8 * max(r.norm() for r in reference.values()))
             result["grad_rel_err"] = worst
@@ -172,6 +184,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             step()
         if device.type == "cuda":
             torch.cuda.synchronize()
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         times = []
         for _ in range(steps):
@@ -183,6 +196,9 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
         result["ms_per_step"] = 1000 * statistics.median(times)
         if device.type == "cuda":
             result["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+            # a CUDA graph's temporaries stay reserved in its pool between replays: reserved memory
+            # is the fair comparison for a mode that replays graphs
+            result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
         text = str(exc).strip().splitlines()
         result["error"] = f"{type(exc).__name__}: {text[0][:300] if text else ''}"
@@ -207,7 +223,7 @@ def main() -> int:
     rows = []
     print(f"training step (forward + backward + SGD) on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}"
           f", torch {torch.__version__}")
-    print(f"{'workload':<24} {'mode':<11} {'ms/step':>9} {'vs eager':>9} {'vs compile':>11} {'peak MiB':>9} "
+    print(f"{'workload':<24} {'mode':<11} {'ms/step':>9} {'vs eager':>9} {'vs compile':>11} {'peak MiB':>9} {'rsrvd MiB':>9} "
           f"{'grad err':>9} {'1st step s':>10}")
     for w in workloads(names, args.tiny):
         try:
@@ -227,6 +243,7 @@ def main() -> int:
 
             cells = [f"{ms:9.2f}" if ms else f"{'-':>9}", f"{ratio('eager'):>9}", f"{ratio('compile'):>11}",
                      f"{r['peak_mib']:9.0f}" if "peak_mib" in r else f"{'-':>9}",
+                     f"{r['reserved_mib']:9.0f}" if "reserved_mib" in r else f"{'-':>9}",
                      f"{r['grad_rel_err']:9.1e}" if "grad_rel_err" in r else f"{'-':>9}",
                      f"{r['first_step_s']:10.1f}" if "first_step_s" in r else f"{'-':>10}"]
             print(f"{w.name:<24} {r['mode']:<11} " + " ".join(cells)

@@ -148,8 +148,10 @@ class Config:
     buffers as constants at its first call (on any device; its plan is built then), so on CUDA its
     graphs are recorded and replayed copying in only the other inputs, as streamfuse.compile's are.
     A call with other parameter tensors (a module's parameter replaced) takes a plan over every
-    argument. Off: the backend passes every argument on every call and runs its graphs on streams
-    without CUDA graphs (training graphs always do, for now)."""
+    argument. Training graphs (AOTAutograd's forward and backward) on CUDA record a CUDA graph once the
+    inputs that stay at one address from call to call are known, read those in place and copy the
+    rest (runtime/replay.py). Off: the backend passes every argument on every call and runs its
+    graphs on streams without CUDA graphs."""
     max_specializations: int = 8
     """A call whose input shapes (beyond a batch that pads to a bucket) or dtypes differ from the
     compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model

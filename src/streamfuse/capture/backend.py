@@ -18,6 +18,7 @@ Three things keep this path from ever failing where eager runs:
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.executable import graph_device
 from streamfuse.runtime.fallback import failure_text, warn_fallback
+from streamfuse.runtime.replay import ReplayGraph
 
 compiled_graphs: list[Any] = []
 """What the backend compiled in this process, newest last (CompiledGraph, SymbolicGraph or
@@ -73,9 +75,12 @@ class SymbolicGraph:
     """A graph with symbolic sizes: one CompiledGraph per concrete input signature, each traced from
     the graph at those sizes (make_fx on fake tensors, so no data is read) and built on first use."""
 
-    def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int] | None = None):
+    def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int] | None = None,
+                 training: TrainingRole | None = None):
         self.gm = gm
         self.config = config
+        self.training = training
+        """A training graph's role: each concrete plan replays CUDA graphs reading inputs in place."""
         self.static = list(static or [])
         """AOTAutograd's static inputs (parameters, buffers) of an inference graph: each concrete plan
         binds them at its first call (StaticParamsGraph), so it replays CUDA graphs."""
@@ -125,7 +130,7 @@ class SymbolicGraph:
         static = [tensor_at.index(i) for i in self.static if i in tensor_at]
         if static:
             return StaticParamsGraph(traced, self.config, static)
-        return compile_graph(traced, tensors, self.config)
+        return training_graph(compile_graph(traced, tensors, self.config), self.training)
 
     def explain(self, source: bool = True) -> str:
         parts = [f"graph with symbolic sizes: {len(self.plans)} concrete plan(s) kept, {self.built} built"
@@ -232,16 +237,45 @@ def _static_inputs() -> list[int]:
     return list(getattr(meta, "static_input_indices", None) or [])
 
 
-def _compiler(config: Config, inference: bool = False) -> Any:
+@dataclass(frozen=True)
+class TrainingRole:
+    """A training graph's part: "forward" (whose first `visible` outputs the caller sees: they are
+    copied out of a replayed graph) or "backward"."""
+
+    role: str
+    visible: int = 0
+
+
+def training_graph(compiled: Any, training: TrainingRole | None) -> Any:
+    """A training graph on CUDA replays CUDA graphs that read its inputs in place (runtime/replay.py)."""
+    if training is None or not isinstance(compiled, CompiledGraph) or compiled.device.type != "cuda":
+        return compiled
+    return ReplayGraph(compiled, training.role, set(range(training.visible)))
+
+
+def _training_role(role: str) -> TrainingRole:
+    if role == "backward":
+        return TrainingRole(role)
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    visible = getattr(meta, "num_forward_returns", None)
+    # unknown: every output counts as visible, so every one is copied out (correct, slower)
+    return TrainingRole(role, visible if isinstance(visible, int) else 1 << 30)
+
+
+def _compiler(config: Config, role: str = "forward") -> Any:
+    inference = role == "inference"
+
     def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         static = _static_inputs() if inference and config.backend_cuda_graphs else []
+        training = _training_role(role) if not inference and config.backend_cuda_graphs else None
         compiled: Any
         if _is_symbolic(gm):
-            compiled = SymbolicGraph(gm, config, static)
+            compiled = SymbolicGraph(gm, config, static, training)
         elif static:
             compiled = StaticParamsGraph(gm, config, static)  # builds its plan at the first real call
         else:
-            compiled = compile_graph(gm, example_inputs, config)
+            compiled = training_graph(compile_graph(gm, example_inputs, config), training)
         compiled_graphs.append(compiled)
 
         def run(args: list[Any]) -> list[Any]:
@@ -256,8 +290,8 @@ def _compiler(config: Config, inference: bool = False) -> Any:
 def make_backend(config: Config | None = None) -> Any:
     """A torch.compile backend with a given Config: torch.compile(m, backend=make_backend(cfg))."""
     config = config or Config()
-    compiler = _compiler(config)
-    return aot_autograd(fw_compiler=compiler, bw_compiler=compiler, inference_compiler=_compiler(config, inference=True),
+    return aot_autograd(fw_compiler=_compiler(config, "forward"), bw_compiler=_compiler(config, "backward"),
+                        inference_compiler=_compiler(config, "inference"),
                         decompositions=decomposition_table())
 
 

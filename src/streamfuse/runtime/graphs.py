@@ -81,8 +81,9 @@ class _Instance:
 
 class OutputGuard:
     """Whether anyone beyond the owner references `outputs`' tensors or any view of their memory:
-    Python reference counts of the tensors and use counts of their storages, against their values
-    when the guard was made (while only the owner held them)."""
+    Python reference counts of the tensors, use counts of the tensors themselves (C++ holders such as
+    autograd's saved tensors hold the tensor, not its Python object) and of their storages, against
+    their values when the guard was made (while only the owner held them)."""
 
     def __init__(self, outputs: list[Any]):
         # no local may hold an output while the baseline is taken (run 25: a list did, so every
@@ -90,8 +91,8 @@ class OutputGuard:
         self._guards = [(t, t.untyped_storage()._cdata) for t in outputs if isinstance(t, torch.Tensor)]
         self._baseline = self._counts()
 
-    def _counts(self) -> list[tuple[int, int]]:
-        return [(sys.getrefcount(t), _use_count(cdata)) for t, cdata in self._guards]
+    def _counts(self) -> list[tuple[int, int, int]]:
+        return [(sys.getrefcount(t), t._use_count(), _use_count(cdata)) for t, cdata in self._guards]
 
     def held(self) -> bool:
         return self._counts() != self._baseline

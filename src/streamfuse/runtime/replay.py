@@ -1,0 +1,286 @@
+"""CUDA graphs for the backend's training graphs: AOTAutograd's forward and backward.
+
+An inference graph copies its inputs into static buffers (runtime/graphs.py). A training graph
+cannot afford that: the backward's inputs are every activation the forward saved, and both take
+every parameter. Here an input whose memory the caller passes at the same address on consecutive
+calls (parameters, which optimizers update in place; the forward's saved activations, which live in
+the forward graph's buffers; a batch the allocator keeps placing at the same address) is **read in
+place**: the graph is recorded reading it where it is, and a call replays only if each such input
+is at that address again (same strides), otherwise it runs step by step on streams. The other
+inputs (the loss's incoming gradient, a label tensor that moves) are copied into static buffers.
+
+Outputs:
+- the forward's results that the caller sees (AOTAutograd's user outputs and input mutations:
+  the loss, logits, new batch-norm statistics) are copied out on every replay (small);
+- the rest (the activations saved for backward; the backward's gradients) are the graph's own
+  buffers, handed out on each replay. A replay happens only while no one references the previous
+  replay's outputs (Python reference counts, tensor and storage use counts against their values
+  right after capture): a forward called twice before its backward (two micro-batches, a module
+  called twice in one step), a caller that keeps a gradient tensor, or `retain_graph` make the call
+  run step by step instead, so saved activations or gradients are never overwritten while visible.
+- an output that aliases an input read in place is rebuilt from the caller's tensor (no reference
+  to it is kept: the forward's guard must see its saved activations freed after the backward).
+
+Each graph has its own memory pool, and buffers are released during capture as in a step-by-step
+run (a buffer read on another stream is held until the capture ends), so a graph needs about the
+memory a step-by-step call needs. Forward and backward do not share a pool: a graph captured later
+into a shared pool could place its outputs in the earlier graph's freed temporaries, which that
+graph's next replay would overwrite while the outputs are still visible.
+
+The graph is recorded once the set of inputs read in place stopped changing between two calls
+(the forward at its third call, the backward at its fifth: its saved activations move into the
+forward graph's buffers when that graph starts replaying), or at the sixth call regardless.
+Dropout's random numbers are drawn with host-side offsets, so graphs that draw them never record
+(explain says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from streamfuse.runtime.compiled import CompiledGraph, _capturing, _settle_generators
+from streamfuse.runtime.fallback import failure_text
+from streamfuse.runtime.graphs import OutputGuard, fresh_copies
+
+RECORD_BY_CALL = 6
+"""Record at this call even if the inputs read in place still changed at the previous one."""
+MISSES_BEFORE_RERECORD = 3
+"""Consecutive calls whose in-place inputs moved before the graph is dropped and observed again."""
+MAX_RECORDINGS = 3
+"""Recordings per training graph (the first and two after inputs moved for good)."""
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """Every element at its own address, no gaps (a copy into empty_strided of its strides works)."""
+    expected = 1
+    for size, stride in sorted(((s, st) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _same_layout(t: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """`t` has the plan's shape and strides (dims of size 1 aside, whose stride nothing reads)."""
+    return tuple(t.shape) == tuple(shape) and all(
+        size == 1 or a == b for size, a, b in zip(shape, t.stride(), strides, strict=True))
+
+
+@dataclass
+class _Output:
+    kind: str
+    """"pool" (a graph buffer handed out), "copy" (copied out on every replay), "alias" (rebuilt
+    from input `index`), "fixed" (a constant or non-tensor value returned as is)."""
+    index: int = -1
+    value: Any = None
+    geometry: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+
+
+class PinnedGraph:
+    """One recorded CUDA graph of a plan whose `pinned` inputs are read in place."""
+
+    def __init__(self, compiled: CompiledGraph, args: list[Any], pinned: list[bool], copy_outputs: set[int]):
+        exe = compiled.base
+        self.exe = exe
+        self.pinned_at = [i for i, p in enumerate(pinned) if p]
+        self.copied_at = [i for i, p in enumerate(pinned) if not p]
+        self.where = [(args[i].data_ptr(), args[i].stride()) for i in self.pinned_at]
+        self.shapes = [args[i].shape for i in self.copied_at]
+        self.buffers = [torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype, device=exe.device)
+                        for i in self.copied_at]
+        staged = list(args)
+        for i, buf in zip(self.copied_at, self.buffers, strict=True):
+            buf.copy_(args[i])
+            staged[i] = buf
+        outputs = self._record(staged)
+        del staged
+        self.outputs = self._classify(outputs, args, copy_outputs)
+        del outputs
+        self.handed = [o.value for o in self.outputs if o.kind == "pool"]
+        self.guard = OutputGuard(self.handed)  # no local holds an output now: the baseline is the idle state
+
+    def _record(self, staged: list[Any]) -> list[Any]:
+        """Capture the plan over `staged` into self.graph (its own pool); the captured outputs."""
+        exe = self.exe
+        caller = torch.cuda.current_stream(exe.device)
+        warm = torch.cuda.Stream(device=exe.device)
+        warm.wait_stream(caller)
+        with torch.cuda.stream(warm):  # loads every kernel outside capture
+            exe.run(staged)
+        caller.wait_stream(warm)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+            return exe.run(staged)
+
+    def _launch(self, args: list[Any]) -> None:
+        """Run the recorded graph (inputs read in place are where `args` has them: matches() said so)."""
+        self.graph.replay()
+
+    def _classify(self, outputs: list[Any], args: list[Any], copy_outputs: set[int]) -> list[_Output]:
+        pinned_storage = {args[i].untyped_storage().data_ptr(): i for i in self.pinned_at}
+        buffer_storage = {b.untyped_storage().data_ptr() for b in self.buffers}
+        constants = {id(t) for t in self.exe.graph.constants.values()}
+        result = []
+        for j, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor) or id(o) in constants:
+                result.append(_Output("fixed", value=o))
+                continue
+            if o.device.type != self.exe.device.type:
+                raise RuntimeError(f"output {j} is a {o.device} tensor: a CUDA graph cannot produce it")
+            base = o.untyped_storage().data_ptr()
+            if base in pinned_storage:
+                i = pinned_storage[base]
+                same = o is args[i]
+                result.append(_Output("alias", index=i, geometry=None if same else
+                                      (tuple(o.shape), tuple(o.stride()), o.storage_offset())))
+            elif base in buffer_storage or j in copy_outputs:
+                result.append(_Output("copy", value=o))
+            else:
+                result.append(_Output("pool", value=o))
+        return result
+
+    def matches(self, args: list[Any]) -> bool:
+        for i, (ptr, stride) in zip(self.pinned_at, self.where, strict=True):
+            t = args[i]
+            if t.data_ptr() != ptr or t.stride() != stride:
+                return False
+        return all(args[i].shape == shape for i, shape in zip(self.copied_at, self.shapes, strict=True))
+
+    def replay(self, args: list[Any]) -> list[Any]:
+        if self.buffers:
+            torch._foreach_copy_(self.buffers, [args[i] for i in self.copied_at])
+        self._launch(args)
+        copies = iter(fresh_copies([o.value for o in self.outputs if o.kind == "copy"]))
+        result = []
+        for o in self.outputs:
+            if o.kind == "pool" or o.kind == "fixed":
+                result.append(o.value)
+            elif o.kind == "copy":
+                result.append(next(copies))
+            elif o.geometry is None:
+                result.append(args[o.index])
+            else:
+                size, stride, offset = o.geometry
+                result.append(torch.as_strided(args[o.index], size, stride, offset))
+        return result
+
+
+@dataclass
+class ReplayStats:
+    replays: int = 0
+    recordings: int = 0
+    step_by_step: int = 0
+    held: int = 0
+    """Calls that ran step by step because the previous replay's outputs were still referenced."""
+    moved: int = 0
+    """Calls that ran step by step because an input read in place was elsewhere."""
+    history: list[str] = field(default_factory=list)
+
+
+class ReplayGraph:
+    """A backend training graph (forward or backward) that records and replays a PinnedGraph."""
+
+    def __init__(self, compiled: CompiledGraph, role: str, copy_outputs: set[int]):
+        self.compiled = compiled
+        self.role = role
+        self.copy_outputs = copy_outputs
+        self.graph: PinnedGraph | None = None
+        self.reason: str | None = self._unusable(compiled)
+        """Why this graph never records a CUDA graph, or None."""
+        self.calls = 0
+        self._ptrs: list[int] | None = None
+        self._pinned: list[bool] | None = None
+        self._misses = 0
+        self.replay_stats = ReplayStats()
+
+    @staticmethod
+    def _unusable(compiled: CompiledGraph) -> str | None:
+        exe = compiled.base
+        if exe.device.type != "cuda":
+            return f"the graph runs on {exe.device}"
+        if exe.executor != "triton":
+            return f"the {exe.executor} executor runs it"
+        if exe.rng is not None:
+            return "it draws random numbers (dropout), whose offsets advance on the host between calls"
+        if exe.launches < 2:
+            return f"{exe.launches} launch(es): nothing for a graph to save"
+        return None
+
+    def run_flat(self, args: list[Any]) -> list[Any]:
+        self.calls += 1
+        stats = self.replay_stats
+        graph = self.graph
+        if graph is not None and not _capturing():
+            if not graph.matches(args):
+                stats.moved += 1
+                self._misses += 1
+                if self._misses >= MISSES_BEFORE_RERECORD and stats.recordings < MAX_RECORDINGS:
+                    stats.history.append(f"call {self.calls}: inputs read in place moved on {self._misses} calls "
+                                         "in a row; observed again")
+                    self.graph, self._ptrs, self._pinned, self._misses = None, None, None, 0
+            elif graph.guard.held():
+                stats.held += 1
+            else:
+                self._misses = 0
+                stats.replays += 1
+                return graph.replay(args)
+        elif graph is None and self.reason is None and self.compiled.eager_reason is None \
+                and self.compiled._proven and not _capturing():
+            recorded = self._observe(args)
+            if recorded is not None:
+                return recorded
+        stats.step_by_step += 1
+        return self.compiled.run_flat(args)
+
+    def _observe(self, args: list[Any]) -> list[Any] | None:
+        """Track which inputs stay put; record once that set is stable. Returns the first replay's outputs."""
+        device = self.compiled.device
+        if not all(isinstance(a, torch.Tensor) and a.device.type == device.type for a in args):
+            self.reason = f"an input is not a tensor on {device}"
+            return None
+        nodes = self.compiled.base.graph.inputs
+        if len(nodes) != len(args) or not all(_same_layout(a, n.shape, n.strides) for a, n in zip(args, nodes)):
+            return None  # this call's layouts differ from the plan's: it runs step by step (checked, copied)
+        ptrs = [a.data_ptr() for a in args]
+        previous, self._ptrs = self._ptrs, ptrs
+        if previous is None:
+            return None
+        pinned = [(p == q or not is_dense(a))
+                  for a, p, q in zip(args, ptrs, previous, strict=True)]
+        stable, self._pinned = pinned == self._pinned, pinned
+        if not stable and self.calls < RECORD_BY_CALL:
+            return None
+        try:
+            self.graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs)
+        except Exception as exc:  # noqa: BLE001 - a capture failure leaves the step-by-step path
+            self.reason = f"capture failed: {failure_text(exc)}"
+            if self.compiled.device.type == "cuda":
+                torch.cuda.synchronize(self.compiled.device)
+                _settle_generators(self.compiled.device)
+            return None
+        stats = self.replay_stats
+        stats.recordings += 1
+        stats.history.append(f"call {self.calls}: recorded, {sum(pinned)} of {len(args)} inputs read in place")
+        stats.replays += 1
+        return self.graph.replay(args)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        s = self.replay_stats
+        return {**self.compiled.stats, "graphs": int(self.graph is not None), "replays": s.replays,
+                "graph_recordings": s.recordings, "step_by_step_calls": s.step_by_step}
+
+    def explain(self, source: bool = True) -> str:
+        s = self.replay_stats
+        if self.reason is not None:
+            head = f"{self.role} graph: no CUDA graph ({self.reason})"
+        else:
+            head = (f"{self.role} graph: CUDA graph with inputs read in place; {s.replays} replays, "
+                    f"{s.step_by_step} calls step by step ({s.held} because the previous outputs were "
+                    f"still referenced, {s.moved} because an input read in place had moved)")
+        lines = [head] + [f"  {h}" for h in s.history]
+        return "\n".join(lines) + "\n" + self.compiled.explain(source)

@@ -1,0 +1,236 @@
+"""CUDA graphs of training graphs through the backend (runtime/replay.py).
+
+Every test trains a model through `torch.compile(backend=streamfuse)` and a deep copy eagerly and
+compares losses, gradients and parameters at every step, while the loop does what real loops do
+to a replayed graph: the standard zero_grad / forward / backward / step, two forwards before one
+backward (saved activations of the first must survive the second), gradient accumulation, results
+kept across steps, and a batch tensor that moves. The graphs must replay in the standard loop; in
+the others, replays that would overwrite something still visible must not happen.
+
+Each test runs on the GPU (real CUDA graphs) and, on any machine, on the CPU with the graph
+emulated: a "replay" runs the plan again on the inputs where the recorded graph would read them
+and writes the results into the recorded output buffers, as a replayed graph does. What decides
+when to record, replay or step, and what is handed out, copied or rebuilt, is the same code.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_training import _assert_match, train_and_compare
+from torch import nn
+
+import streamfuse
+import streamfuse.capture.backend as backend_module
+from streamfuse.runtime import replay
+from streamfuse.runtime.compiled import CompiledGraph
+from streamfuse.runtime.replay import PinnedGraph, ReplayGraph
+
+
+class _EmulatedGraph(PinnedGraph):
+    """A PinnedGraph whose graph is emulated on any device (see the module docstring)."""
+
+    def _record(self, staged: list[Any]) -> list[Any]:
+        return self.exe.run(staged)
+
+    def _launch(self, args: list[Any]) -> None:
+        staged = list(args)
+        for i, buf in zip(self.copied_at, self.buffers, strict=True):
+            staged[i] = buf
+        for out, fresh in zip(self.outputs, self.exe.run(staged), strict=True):
+            if out.kind in ("pool", "copy"):
+                out.value.copy_(fresh)
+
+
+@pytest.fixture(params=["cpu-emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> torch.device:
+    if request.param == "cuda":
+        return torch.device("cuda")
+
+    def wrap(compiled: Any, training: Any) -> Any:
+        if training is None or not isinstance(compiled, CompiledGraph):
+            return compiled
+        return ReplayGraph(compiled, training.role, set(range(training.visible)))
+
+    monkeypatch.setattr(backend_module, "training_graph", wrap)
+    monkeypatch.setattr(replay, "PinnedGraph", _EmulatedGraph)
+    monkeypatch.setattr(replay, "_capturing", lambda: False)
+    monkeypatch.setattr(ReplayGraph, "_unusable", staticmethod(
+        lambda compiled: "it draws random numbers (emulated)" if compiled.base.rng is not None else None))
+    return torch.device("cpu")
+
+
+@pytest.fixture
+def config(config: streamfuse.Config, device: torch.device) -> streamfuse.Config:
+    # on the CPU the reference executor: the emulation tests the replay logic, not the kernels
+    return config if device.type == "cuda" else config.replace(executor="reference")
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32() -> Iterator[None]:
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+class _ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class _MLP(nn.Module):
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.fc1, self.ln, self.fc2 = nn.Linear(32, 64), nn.LayerNorm(64), nn.Linear(64, 10)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(F.gelu(self.ln(self.fc1(x)))))
+
+
+def _replays(first: int) -> dict[str, ReplayGraph]:
+    graphs = [g for g in backend_module.compiled_graphs[first:] if isinstance(g, ReplayGraph)]
+    return {g.role: g for g in graphs}
+
+
+def _vision_batches(n: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 3, 16, 16, generator=gen).to(device),
+             torch.randint(0, 10, (4,), generator=gen).to(device)) for _ in range(n)]
+
+
+def _ce(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(m(x), y)
+
+
+@pytest.mark.parametrize("build", [_ConvNet, _MLP], ids=["convnet-batchnorm", "mlp-layernorm"])
+def test_standard_loop_replays_forward_and_backward(build: Callable[[], nn.Module], config: streamfuse.Config,
+                                                    device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = build().to(device)
+    first = len(backend_module.compiled_graphs)
+    if isinstance(model, _MLP):
+        gen = torch.Generator().manual_seed(1)
+        batches = [(torch.randn(8, 32, generator=gen).to(device), torch.randint(0, 10, (8,), generator=gen).to(device))
+                   for _ in range(10)]
+    else:
+        batches = _vision_batches(10, device)
+    train_and_compare(model, batches, _ce, config)
+    graphs = _replays(first)
+    assert set(graphs) == {"forward", "backward"}, backend_module.compiled_graphs[first:]
+    for role, g in graphs.items():
+        assert g.reason is None, g.explain(source=False)
+        assert g.replay_stats.replays >= 3, f"{role}: {g.explain(source=False)}"
+        assert g.replay_stats.held == 0 and g.replay_stats.moved == 0, g.explain(source=False)
+
+
+def _compare_params(step: int, model: nn.Module, eager: nn.Module, grads: bool) -> None:
+    for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+        if grads:
+            _assert_match(f"step {step}: grad of {name}", p.grad, q.grad)
+        _assert_match(f"step {step}: parameter {name}", p.detach(), q.detach())
+
+
+def _pair(build: Callable[[], nn.Module], config: streamfuse.Config, device: torch.device
+          ) -> tuple[nn.Module, nn.Module, nn.Module]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build().to(device)
+    eager = copy.deepcopy(model)
+    return model, eager, torch.compile(model, backend=streamfuse.make_backend(config))
+
+
+def test_two_forwards_before_one_backward(config: streamfuse.Config, device: torch.device) -> None:
+    """Micro-batches summed into one loss: the first forward's saved activations are still needed
+    when the second runs, so the second must not replay over them."""
+    model, eager, compiled = _pair(_ConvNet, config, device)
+    first = len(backend_module.compiled_graphs)
+    opt_c, opt_e = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, eager))
+    batches = _vision_batches(16, device)
+    for step in range(8):
+        (x1, y1), (x2, y2) = batches[2 * step], batches[2 * step + 1]
+        for m, opt in ((compiled, opt_c), (eager, opt_e)):
+            opt.zero_grad()
+            (_ce(m, x1, y1) + _ce(m, x2, y2)).backward()
+        _compare_params(step, model, eager, grads=True)
+        opt_c.step()
+        opt_e.step()
+    forward = _replays(first)["forward"]
+    assert forward.replay_stats.held > 0, forward.explain(source=False)
+    assert forward.replay_stats.replays > 0, forward.explain(source=False)
+
+
+def test_gradient_accumulation_and_kept_results(config: streamfuse.Config, device: torch.device) -> None:
+    """zero_grad only every other step (gradients accumulate into .grad), and every step's logits
+    kept in a list: none may be overwritten by a later replay."""
+    model, eager, compiled = _pair(_MLP, config, device)
+    opt_c, opt_e = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, eager))
+    gen = torch.Generator().manual_seed(2)
+    kept_c, kept_e = [], []
+    for step in range(12):
+        x, y = torch.randn(8, 32, generator=gen).to(device), torch.randint(0, 10, (8,), generator=gen).to(device)
+        for m, kept in ((compiled, kept_c), (eager, kept_e)):
+            logits = m(x)
+            kept.append(logits)
+            F.cross_entropy(logits, y).backward()
+        if step % 2 == 1:
+            _compare_params(step, model, eager, grads=True)
+            opt_c.step()
+            opt_e.step()
+            opt_c.zero_grad()
+            opt_e.zero_grad()
+    for step, (a, b) in enumerate(zip(kept_c, kept_e, strict=True)):
+        _assert_match(f"logits of step {step}", a.detach(), b.detach())
+
+
+def test_a_batch_that_moves(config: streamfuse.Config, device: torch.device) -> None:
+    """The same input tensor for six steps (read in place), then a new tensor each step (the graph
+    must notice, run step by step, and record again reading it from a copy)."""
+    model, eager, compiled = _pair(_MLP, config, device)
+    first = len(backend_module.compiled_graphs)
+    opt_c, opt_e = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, eager))
+    gen = torch.Generator().manual_seed(3)
+    fixed = torch.randn(8, 32, generator=gen).to(device)
+    kept = []
+    for step in range(14):
+        if step < 6:
+            x = fixed.normal_(generator=None)
+        else:
+            x = torch.randn(8, 32, generator=gen).to(device)
+            kept.append(x)  # all alive: each step's batch is at a new address
+        y = torch.randint(0, 10, (8,), generator=gen).to(device)
+        for m, opt in ((compiled, opt_c), (eager, opt_e)):
+            opt.zero_grad()
+            _ce(m, x, y).backward()
+        _compare_params(step, model, eager, grads=True)
+        opt_c.step()
+        opt_e.step()
+    forward = _replays(first)["forward"]
+    assert forward.replay_stats.moved > 0, forward.explain(source=False)
+    assert forward.replay_stats.recordings >= 2, forward.explain(source=False)
+
+
+def test_dropout_graphs_run_step_by_step_and_say_why(config: streamfuse.Config, device: torch.device) -> None:
+    model, _, compiled = _pair(lambda: _MLP(dropout=0.3), config, device)
+    first = len(backend_module.compiled_graphs)
+    x = torch.randn(8, 32, device=device)
+    outs = []
+    for _ in range(6):
+        out = compiled(x)
+        out.sum().backward()
+        outs.append(out.detach())
+    forward = _replays(first)["forward"]
+    assert forward.reason is not None and "random" in forward.reason
+    assert not torch.equal(outs[-1], outs[-2])  # a fresh mask every call
