@@ -66,7 +66,7 @@ class KernelSource:
     num_stages: int | None = None
     """Software-pipelining depth (the matmul template's buffered tiles); None is Triton's default."""
     rng: bool = False
-    """Takes (seed, offset) scalars after the output pointers (dropout; ir/rng.py)."""
+    """Takes the seed and a pointer to the call's counter offset after the output pointers (dropout; ir/rng.py)."""
     scratch: list[tuple[int, torch.dtype]] = field(default_factory=list)
     """Zero-initialised buffers (numel, dtype) passed last, owned by the launch site and reused by
     every launch (the matmul template's split-K workspace and tile counters)."""
@@ -277,7 +277,7 @@ class Emitter:
         """Masks that are statically all-true (the extent divides the block): never applied."""
         self.helpers: set[str] = set()
         self.uses_rng = False
-        """The kernel draws random numbers (dropout): it takes rng_seed and rng_offset (ir/rng.py)."""
+        """The kernel draws random numbers (dropout): it takes rng_seed and rng_offset_ptr (ir/rng.py)."""
         self.fixed: dict[Node, Operand] = {}
         """Values computed outside value()'s rules (the matmul template's product), at every index."""
         self.scratch_params: list[str] = []
@@ -339,7 +339,7 @@ class Emitter:
             _, base = rand_node_args(node)
             self.uses_rng = True
             counter = linearize(index, node.shape).text
-            result = self.tmp(f"tl.rand(rng_seed, rng_offset + {base} + ({counter}))", torch.float32)
+            result = self.tmp(f"tl.rand(rng_seed, tl.load(rng_offset_ptr) + {base} + ({counter}))", torch.float32)
         elif node.kind in (OpKind.VIEW, OpKind.BROADCAST):
             result = self.value(node.args[0], view_input_index(node, index))  # type: ignore[arg-type]
         else:
@@ -486,7 +486,7 @@ class Emitter:
             stride_dims.append(dims)
             params += [f"in{i}_ptr"] + [f"in{i}_s{d}" for d in dims]
         params += [f"out{j}_ptr" for j in range(len(self.group.outputs))]
-        params += ["rng_seed", "rng_offset"] if self.uses_rng else []
+        params += ["rng_seed", "rng_offset_ptr"] if self.uses_rng else []
         params += self.scratch_params
         params += constexpr_params
         lines = self.lines

@@ -7,7 +7,9 @@ select, all pointwise, so dropout fuses into its neighbours (a GEMM epilogue inc
     offset_of_this_call + base_of_this_node + flat_index_of_the_element
 
 under one seed per compiled graph (`tl.rand(seed, counter)` in generated kernels). Every call
-advances the offset past all the counters it used, so calls draw fresh masks, and a given seed
+advances the offset past all the counters it used, so calls draw fresh masks; generated kernels
+read the offset from device memory, which each call advances on the device (a kernel at its end),
+so a replayed CUDA graph draws a fresh mask on every replay too. A given seed
 reproduces the same sequence of masks (Config.seed; by default the seed is drawn from torch's
 generator when the graph is built, so `torch.manual_seed` before compiling reproduces a run).
 The reference executor draws from torch's Philox generator seeded with (seed, counter) instead:
@@ -32,9 +34,15 @@ class RngState:
     offset: int = 0
     """Counter base of the current call."""
     per_call: int = 0
-    """Counters one call uses (rounded up to 16, so the offset keeps its Triton specialization)."""
+    """Counters one call uses (rounded up to 16)."""
+    offset_tensor: torch.Tensor | None = None
+    """The counter base generated kernels read (one int64 on the graph's device), advanced by
+    `per_call` on the device at the end of every call: a replayed CUDA graph advances it too, so
+    each replay draws a fresh mask (runtime/executable.py)."""
 
     def advance(self) -> None:
+        """The host-side base, which the reference executor's draws use (generated kernels read
+        `offset_tensor`)."""
         self.offset += self.per_call
 
     def __repr__(self) -> str:

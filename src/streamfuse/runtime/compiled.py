@@ -429,9 +429,9 @@ def graph_skip_reason(exe: Executable) -> str | None:
     A graph saves the host cost of every launch and allocation but adds copies: inputs into its
     static buffers and (unless reuse_outputs) results out of them. With few launches, or tensors so
     large that the copies cost more than the launches saved, direct launches win."""
-    if exe.rng is not None:
-        return ("the graph draws random numbers (dropout): a replayed CUDA graph would repeat the first call's "
-                "mask, so calls launch directly and each draws a fresh one")
+    if exe.rng is not None and exe.draws_on_host():
+        return ("the graph draws random numbers (dropout) through ATen: a replayed CUDA graph would repeat the "
+                "first call's mask, so calls launch directly and each draws a fresh one")
     launches = exe.launches
     # launching directly allocates every intermediate and result on the host, per call
     allocations = sum(len(g.outputs) for g in exe.plan.groups if g.launches)

@@ -21,7 +21,7 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import contiguous_strides
-from streamfuse.ir.rng import RngState, attach_rng
+from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
 from streamfuse.runtime.precompile import precompile
 from streamfuse.runtime.steps import ChannelsLastConvStep, HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
@@ -146,6 +146,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     exe.ceilings = ceilings
     exe.conv_layouts = conv_layouts
     exe.rng = rng
+    if rng is not None and (rng.offset_tensor is None or rng.offset_tensor.device != device):
+        rng.offset_tensor = torch.zeros(1, dtype=torch.int64, device=device)
     exe.sm_count = sm_count
     exe.precompile_failures = failures
     exe.compile_times = clock.laps
@@ -302,6 +304,10 @@ class Executable:
                 if keep_alive is None:
                     for s in release:
                         env[s] = None
+        if self.rng is not None and self.rng.offset_tensor is not None:
+            # after every kernel of the call (the stream runner joined its streams): the next call's
+            # kernels draw from fresh counters, also when this call is a replayed CUDA graph
+            self.rng.offset_tensor.add_(self.rng.per_call)
         if keep_alive is not None:
             keep_alive.extend(t for t in env if t is not None)
         return [env[s] if s is not None else o for s, o in zip(self.out_slots, self.graph.outputs, strict=True)]
@@ -347,6 +353,18 @@ class Executable:
             if s not in keep:
                 release[i].append(s)
         return release
+
+    def draws_on_host(self) -> bool:
+        """Some random numbers come from the host-side offset (an ATen step drawing them, or a kernel
+        that failed to compile and runs its ops through ATen): a replayed CUDA graph would repeat
+        them, where generated kernels read the offset the device advances."""
+        for step in self.steps:
+            group = getattr(step, "group", None)
+            if group is None or not any(is_rand(n) for n in group.nodes):
+                continue
+            if not isinstance(step, KernelStep) or step.failed is not None:
+                return True
+        return False
 
     @property
     def launches(self) -> int:

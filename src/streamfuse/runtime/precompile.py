@@ -32,7 +32,7 @@ def warmup_args(step: KernelStep, layouts: dict[Node, tuple[int, ...]]) -> list[
         args += [strides[d] for d in dims]
     args += [o.dtype for o in src.outputs]
     if step.rng is not None:
-        args += [step.rng.seed, step.rng.offset]
+        args += [step.rng.seed, torch.int64]  # the offset: a pointer to one int64
     args += [t.dtype for t in step.scratch]
     return args
 

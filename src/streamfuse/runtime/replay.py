@@ -19,7 +19,10 @@ Outputs:
   called twice in one step), a caller that keeps a gradient tensor, or `retain_graph` make the call
   run step by step instead, so saved activations or gradients are never overwritten while visible.
 - an output that aliases an input read in place is rebuilt from the caller's tensor (no reference
-  to it is kept: the forward's guard must see its saved activations freed after the backward).
+  to it is kept: the forward's guard must see its saved activations freed after the backward);
+  one that aliases a copied input's buffer (the batch, saved for the backward) is handed out like
+  the graph's other buffers: the next copy into it happens only at a replay, which the guard allows
+  only once no one references it.
 
 Each graph has its own memory pool, and buffers are released during capture as in a step-by-step
 run (a buffer read on another stream is held until the capture ends), so a graph needs about the
@@ -30,8 +33,9 @@ graph's next replay would overwrite while the outputs are still visible.
 The graph is recorded once the set of inputs read in place stopped changing between two calls
 (the forward at its third call, the backward at its fifth: its saved activations move into the
 forward graph's buffers when that graph starts replaying), or at the sixth call regardless.
-Dropout's random numbers are drawn with host-side offsets, so graphs that draw them never record
-(explain says so).
+Dropout's generated kernels read their counter offset from device memory, which every call (a
+replay too) advances on the device, so each replay draws a fresh mask (ir/rng.py); a graph whose
+random numbers come from ATen never records (explain says so).
 """
 
 from __future__ import annotations
@@ -92,16 +96,22 @@ class PinnedGraph:
         self.shapes = [args[i].shape for i in self.copied_at]
         self.buffers = [torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype, device=exe.device)
                         for i in self.copied_at]
-        staged = list(args)
-        for i, buf in zip(self.copied_at, self.buffers, strict=True):
-            buf.copy_(args[i])
-            staged[i] = buf
-        outputs = self._record(staged)
-        del staged
+        if self.buffers:
+            torch._foreach_copy_(self.buffers, [args[i] for i in self.copied_at])
+        outputs = self._record(self.staged(args))
         self.outputs = self._classify(outputs, args, copy_outputs)
         del outputs
+        # no local may reference an output or a buffer now (not even a loop variable): the guard's
+        # baseline is the idle state
         self.handed = [o.value for o in self.outputs if o.kind == "pool"]
         self.guard = OutputGuard(self.handed)  # no local holds an output now: the baseline is the idle state
+
+    def staged(self, args: list[Any]) -> list[Any]:
+        """The plan's inputs: the caller's tensors read in place, the buffers for the copied ones."""
+        staged = list(args)
+        for i, buf in zip(self.copied_at, self.buffers, strict=True):
+            staged[i] = buf
+        return staged
 
     def _record(self, staged: list[Any]) -> list[Any]:
         """Capture the plan over `staged` into self.graph (its own pool); the captured outputs."""
@@ -122,7 +132,6 @@ class PinnedGraph:
 
     def _classify(self, outputs: list[Any], args: list[Any], copy_outputs: set[int]) -> list[_Output]:
         pinned_storage = {args[i].untyped_storage().data_ptr(): i for i in self.pinned_at}
-        buffer_storage = {b.untyped_storage().data_ptr() for b in self.buffers}
         constants = {id(t) for t in self.exe.graph.constants.values()}
         result = []
         for j, o in enumerate(outputs):
@@ -137,7 +146,7 @@ class PinnedGraph:
                 same = o is args[i]
                 result.append(_Output("alias", index=i, geometry=None if same else
                                       (tuple(o.shape), tuple(o.stride()), o.storage_offset())))
-            elif base in buffer_storage or j in copy_outputs:
+            elif j in copy_outputs:
                 result.append(_Output("copy", value=o))
             else:
                 result.append(_Output("pool", value=o))
@@ -204,8 +213,8 @@ class ReplayGraph:
             return f"the graph runs on {exe.device}"
         if exe.executor != "triton":
             return f"the {exe.executor} executor runs it"
-        if exe.rng is not None:
-            return "it draws random numbers (dropout), whose offsets advance on the host between calls"
+        if exe.rng is not None and exe.draws_on_host():
+            return "it draws random numbers (dropout) through ATen, from offsets that advance on the host"
         if exe.launches < 2:
             return f"{exe.launches} launch(es): nothing for a graph to save"
         return None
@@ -253,6 +262,9 @@ class ReplayGraph:
                   for a, p, q in zip(args, ptrs, previous, strict=True)]
         stable, self._pinned = pinned == self._pinned, pinned
         if not stable and self.calls < RECORD_BY_CALL:
+            return None
+        self.reason = self._unusable(self.compiled)  # again: a kernel may have failed to compile since
+        if self.reason is not None:
             return None
         try:
             self.graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs)

@@ -179,7 +179,7 @@ class KernelStep:
         outs = self.source.output_tensors(self.device)
         args += outs
         if self.rng is not None:
-            args += (self.rng.seed, self.rng.offset)
+            args += (self.rng.seed, self.rng.offset_tensor)
         args += self.scratch
         if self.needs_allocator:
             ensure_allocator()
