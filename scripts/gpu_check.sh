@@ -3,7 +3,7 @@
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
 #                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate] [training]
-#                       [training-vision] [training-text] [replay]
+#                       [training-vision] [training-text] [replay] [optimizer] [training-mix]
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~20 min: more than one call may run, so split it, e.g. `tests` alone (runs 56 and 58
 #   did not finish it in 200 s; a call gets ~8 minutes after the machine starts), then `streams share`, then
@@ -21,7 +21,7 @@ if [ "${1:-}" = record ]; then
   for f in epilogue.txt streams.txt host.txt share.txt instances.txt launch.txt bench.txt tma.txt \
            bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt \
            generate.txt generate.json training.txt training.json training-vision.txt training-vision.json \
-           training-text.txt training-text.json replay.txt; do
+           training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -42,7 +42,8 @@ step() {  # name, time limit in seconds, command...
   echo "   exit $? in $((SECONDS - t0)) s ($(wc -l < "$OUT/$name.txt") lines in $OUT/$name.txt)"
 }
 step tests 420 python3 -m pytest -q -n 16 -W ignore -p no:logging --tb=line tests
-step replay 150 python3 -m pytest -q -W ignore -p no:logging --tb=short tests/test_replay.py tests/test_training.py
+step replay 150 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_replay.py tests/test_training.py \
+  tests/test_foreach.py tests/test_dropout.py
 step epilogue 150 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
 step streams 320 python3 benchmarks/streams_graphs.py --out "$OUT/streams"
 step host 60 python3 benchmarks/host_overhead.py
@@ -66,6 +67,9 @@ step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert 
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-d"
 step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-small,llama --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-e"
+step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
+step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
+  --steps 10 --json "$OUT/training-mix.json"
 step generate 400 python3 benchmarks/generate.py --json "$OUT/generate.json"
 step training 500 python3 benchmarks/training.py --json "$OUT/training.json"
 # the training benchmark in two one-call halves (session 15): vision with the no-graph backend beside
@@ -91,8 +95,9 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
 for f in models-a models-b models-c models-d models-e; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
-for f in training training-vision training-text; do [ -f "$OUT/$f.txt" ] && tail -14 "$OUT/$f.txt"; done
+for f in training training-vision training-text training-mix; do [ -f "$OUT/$f.txt" ] && tail -14 "$OUT/$f.txt"; done
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
+[ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 exit 0

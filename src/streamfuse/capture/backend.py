@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
@@ -290,9 +291,14 @@ def _compiler(config: Config, role: str = "forward") -> Any:
 def make_backend(config: Config | None = None) -> Any:
     """A torch.compile backend with a given Config: torch.compile(m, backend=make_backend(cfg))."""
     config = config or Config()
+    # min-cut partitioning (as Inductor): the forward saves what is cheapest to keep, the backward
+    # recomputes cheap pointwise ops fused into its kernels (less activation memory). Inference
+    # graphs keep their input mutations (an optimizer's updates, running statistics) as copy_ nodes,
+    # which the plan writes back in one launch at the end of each call (Graph.writebacks)
     return aot_autograd(fw_compiler=_compiler(config, "forward"), bw_compiler=_compiler(config, "backward"),
                         inference_compiler=_compiler(config, "inference"),
-                        decompositions=decomposition_table())
+                        decompositions=decomposition_table(), partition_fn=min_cut_rematerialization_partition,
+                        keep_inference_input_mutations=True)
 
 
 def streamfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:

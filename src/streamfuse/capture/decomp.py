@@ -8,7 +8,7 @@ logsumexp that the (not decomposed) backward reads, so training gradients came o
 (60-1,300% on GPT-2; Inductor excludes it too; tests/test_training.py). var and var_mean stay whole
 (their reference decompositions go through prims that cannot be functionalized), and so does
 inference batch-norm (its decomposition goes through a mutating op): ir/lowerings.py lowers
-them while converting.
+them while converting. Optimizers' `_foreach_*` ops become one op per tensor (capture/foreach.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
+
+from streamfuse.capture.foreach import foreach_decompositions
 
 aten = torch.ops.aten
 
@@ -31,10 +33,20 @@ _KEEP_WHOLE = [aten.var_mean, aten.var, aten.gelu, aten.scaled_dot_product_atten
                aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_attention_math]
 
 
+def _full_like(x: torch.Tensor, fill_value: Any, *, dtype: torch.dtype | None = None, layout: Any = None,
+               device: torch.device | None = None, pin_memory: bool | None = None,
+               memory_format: Any = None) -> torch.Tensor:
+    """full_like -> full (pointwise in the IR): torch's tables have no rule for it, and core's rule for
+    pow(scalar, tensor) (optimizers' bias corrections) produces it."""
+    return aten.full.default(list(x.shape), fill_value, dtype=dtype or x.dtype, device=device or x.device)
+
+
 @functools.cache
 def decomposition_table() -> dict[Any, Any]:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(_EXTRA))
+    table.update(foreach_decompositions())  # optimizers' multi-tensor updates, one op per tensor
+    table[aten.full_like.default] = _full_like
     for packet in _KEEP_WHOLE:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)

@@ -7,6 +7,8 @@ the result, in the node's compute dtype (see types.compute_dtype).
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +172,8 @@ def emit_pointwise(node: Node, args: list[Any], target: str) -> str:
         nan = f", {NAN_ALL}" if floating else ""
         return f"{fn}({t(0)}, {t(1)}{nan})"
     if name == "pow":
+        if not isinstance(args[0], Operand):  # float b > 0 ** tensor (ir/ops.refine_kind)
+            return f"tl.exp2({t(1)} * {literal(math.log2(float(args[0])))})"
         return _pow(t(0), float(args[1]))
     if name == "gelu":
         x = t(0)

@@ -40,6 +40,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
     constants: dict[Node, torch.Tensor] = {}
     literals_seen: set[Node] = set()  # tensors the trace made (get_attr), not the module's live state
     outputs: list[Arg] = []
+    written: list[tuple[Arg, Node]] = []  # (new value, the input it is copied into)
     names: set[str] = set()
 
     def fresh(name: str) -> str:
@@ -86,6 +87,16 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
             if qual in _DROPPED:
                 continue
             args, kwargs = lookup(fx_node.args), {k: lookup(v) for k, v in fx_node.kwargs.items()}
+            if target is aten.copy_.default and isinstance(fx_node.args[0], torch.fx.Node) \
+                    and fx_node.args[0].op == "placeholder":
+                # an in-place update of an input (AOTAutograd keeps inference mutations in the graph):
+                # written back at the end of the call, after every kernel that reads the old value
+                if not (isinstance(args[1], Node) and _same_meta(args[0], args[1])):
+                    raise UnsupportedGraph(f"{fx_node.name} copies into input {fx_node.args[0].name} with a "
+                                           "broadcast or a dtype conversion")
+                written.append((args[1], args[0]))
+                env[fx_node] = args[1]
+                continue
             if target is operator.getitem and isinstance(args[0], (tuple, list)):
                 env[fx_node] = args[0][args[1]]  # a result of an op the converter lowered itself
                 continue
@@ -117,11 +128,20 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
 
     source_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function"
                      and n.target is not operator.getitem and str(n.target) not in _DROPPED)
+    if len({id(dst) for _, dst in written}) != len(written):
+        raise UnsupportedGraph("an input is written in place more than once")
+    writebacks = [(len(outputs) + k, dst) for k, (_, dst) in enumerate(written)]
+    outputs = outputs + [src for src, _ in written]
     nodes = _live(nodes, outputs)
     graph = Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, snapshots=literals_seen,
-                  source_ops=source_ops)
+                  source_ops=source_ops, writebacks=writebacks)
     graph.validate()
     return graph
+
+
+def _same_meta(dst: Any, src: Node) -> bool:
+    """copy_(dst, src) is a plain overwrite: same shape and dtype (no broadcast or conversion)."""
+    return isinstance(dst, Node) and dst.shape == src.shape and dst.dtype == src.dtype
 
 
 def _live(nodes: list[Node], outputs: list[Arg]) -> list[Node]:

@@ -97,6 +97,11 @@ class Graph:
     caller changes them in place and derived copies of them (another memory layout) stay valid."""
     source_ops: int = 0
     """aten ops in the captured graph (before streamfuse's own lowerings; getitem excluded)."""
+    writebacks: list[tuple[int, Node]] = field(default_factory=list)
+    """(output index, input or constant node): outputs whose values are copied into that input's
+    memory at the end of every call (an in-place update the graph received as `copy_` into a
+    placeholder: an optimizer's parameters and states, batch-norm running statistics). They are the
+    last outputs; callers see only the ones before them (`user_outputs`)."""
     notes: list[str] = field(default_factory=list)
     """Graph rewrites a user should know about (e.g. batch-norm folded into weights), for explain()."""
 
@@ -109,6 +114,11 @@ class Graph:
         for n in self.nodes:
             for a in n.input_nodes():
                 a.users.append(n)
+
+    @property
+    def user_outputs(self) -> int:
+        """How many outputs the caller sees (the rest are written back into inputs)."""
+        return len(self.outputs) - len(self.writebacks)
 
     @property
     def output_nodes(self) -> list[Node]:

@@ -72,7 +72,6 @@ OPAQUE_OVERLOADS = frozenset(
         "aten.div.Scalar_mode",
         "aten.sum.default",  # full reduction to a scalar: ATen's tree reduction is better
         "aten.pow.Tensor_Tensor",
-        "aten.pow.Scalar",
         "aten.copy.default",  # copy_ into an existing buffer (mutation)
     }
 )
@@ -96,6 +95,10 @@ def refine_kind(qualified_name: str, kind: OpKind, args: tuple, kwargs: dict) ->
     """Argument-dependent exceptions to the table: cases the generated code does not cover."""
     name = packet_name(qualified_name)
     if name == "pow" and kind is OpKind.POINTWISE:
+        base = args[0] if args else kwargs.get("self")
+        if isinstance(base, int | float):  # pow.Scalar: number ** tensor
+            # b ** e = exp2(e * log2(b)) for a float b > 0 (optimizers' bias corrections, beta ** step)
+            return OpKind.POINTWISE if isinstance(base, float) and base > 0 else OpKind.OPAQUE
         exponent = args[1] if len(args) > 1 else kwargs.get("exponent")
         if not (isinstance(exponent, (int, float)) and float(exponent) in POW_FAST_EXPONENTS):
             return OpKind.OPAQUE

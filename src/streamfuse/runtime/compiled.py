@@ -97,6 +97,8 @@ class CompiledGraph:
         self._runners: OrderedDict[int, GraphRunner] = OrderedDict()
         self._pool: Any = None
         self._mutated_index = {m for m, _ in call.mutated}
+        self._user_outputs = base.graph.user_outputs if base.graph.writebacks else None
+        """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
 
@@ -176,6 +178,8 @@ class CompiledGraph:
             if self.specialize is None:
                 raise
             return self._specialization(inputs)(*inputs)
+        if self._user_outputs is not None:
+            flat = flat[: self._user_outputs]
         for index, target in self.call.mutated:
             target.copy_(flat[index])
         if self.call.out_spec is None:
@@ -195,7 +199,8 @@ class CompiledGraph:
     def _run_flat(self, inputs: list[Any]) -> list[Any]:
         if self.config.check_inputs:
             inputs = self.base.check_inputs(inputs, self.call.input_names)
-        return self.base.run(inputs)
+        flat = self.base.run(inputs)
+        return flat if self._user_outputs is None else flat[: self._user_outputs]
 
     def _run_bucketed(self, inputs: list[Any]) -> list[Any]:
         """Without CUDA graphs: the compiled batch runs as is, another batch padded to its bucket."""
@@ -429,6 +434,10 @@ def graph_skip_reason(exe: Executable) -> str | None:
     A graph saves the host cost of every launch and allocation but adds copies: inputs into its
     static buffers and (unless reuse_outputs) results out of them. With few launches, or tensors so
     large that the copies cost more than the launches saved, direct launches win."""
+    written_inputs = [n.name for _, n in exe.graph.writebacks if n in exe.graph.inputs]
+    if written_inputs:
+        return (f"the graph writes into its input(s) {', '.join(written_inputs[:3])} in place: a CUDA graph reads "
+                "copies of its inputs, so calls launch directly")
     if exe.rng is not None and exe.draws_on_host():
         return ("the graph draws random numbers (dropout) through ATen: a replayed CUDA graph would repeat the "
                 "first call's mask, so calls launch directly and each draws a fresh one")

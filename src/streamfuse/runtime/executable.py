@@ -6,9 +6,11 @@ plan fusion -> generate kernels -> assign streams -> tune tiles -> lay out steps
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import networkx as nx
@@ -275,6 +277,11 @@ class Executable:
         self.constants = [(self.slot[n], t) for n, t in graph.constants.items()]
         self.release = self.release_lists()
         self.out_slots = [self.slot[o] if isinstance(o, Node) else None for o in graph.outputs]
+        missing = [dst.name for _, dst in graph.writebacks if dst not in self.slot]
+        if missing:
+            raise ValueError(f"inputs written in place are not in the plan: {missing}")
+        self.writebacks = [(i, self.slot[dst]) for i, dst in graph.writebacks]
+        """(output index, slot): outputs copied into inputs at the end of every call (Graph.writebacks)."""
         multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
         self.stream_runner = StreamRunner(self, schedule, device) if multi else None
 
@@ -304,13 +311,16 @@ class Executable:
                 if keep_alive is None:
                     for s in release:
                         env[s] = None
+        results = [env[s] if s is not None else o for s, o in zip(self.out_slots, self.graph.outputs, strict=True)]
+        if self.writebacks:  # one multi-tensor copy on the caller's stream, after the streams joined
+            torch._foreach_copy_([env[s] for _, s in self.writebacks], [results[i] for i, _ in self.writebacks])
         if self.rng is not None and self.rng.offset_tensor is not None:
             # after every kernel of the call (the stream runner joined its streams): the next call's
             # kernels draw from fresh counters, also when this call is a replayed CUDA graph
             self.rng.offset_tensor.add_(self.rng.per_call)
         if keep_alive is not None:
             keep_alive.extend(t for t in env if t is not None)
-        return [env[s] if s is not None else o for s, o in zip(self.out_slots, self.graph.outputs, strict=True)]
+        return results
 
     def check_inputs(self, inputs: Sequence[Any], names: Sequence[str] | None) -> list[Any]:
         """Inputs as the plan expects them, or ValueError naming the bad one."""
@@ -323,15 +333,22 @@ class Executable:
                     or t.device != self.device):
                 raise_bad_input(i, t, node, self.device, names)
             if not t.is_contiguous() and is_contiguous_meta(node):
+                self._no_copy_of_written(i, node)
                 checked = list(checked) if checked is inputs else checked
                 checked[i] = t.contiguous()  # documented copy: the plan was traced with a contiguous input
         return checked
+
+    def _no_copy_of_written(self, i: int, node: Node) -> None:
+        if any(dst is node for _, dst in self.graph.writebacks):
+            raise BadInput(f"input {i} ({node.name}) is updated in place by the graph and must be contiguous, "
+                           "as when it was compiled: an update of a contiguous copy would be lost")
 
     def contiguous(self, inputs: Sequence[Any]) -> list[Any]:
         """Inputs (already checked) with a documented copy where the plan was traced contiguous."""
         out = list(inputs)
         for i, (t, node) in enumerate(zip(inputs, self.graph.inputs, strict=True)):
             if not t.is_contiguous() and is_contiguous_meta(node):
+                self._no_copy_of_written(i, node)
                 out[i] = t.contiguous()
         return out
 
@@ -353,6 +370,20 @@ class Executable:
             if s not in keep:
                 release[i].append(s)
         return release
+
+    @contextlib.contextmanager
+    def writebacks_undone(self, inputs: Sequence[Any]) -> Iterator[None]:
+        """Runs inside leave the tensors the plan writes back into (Graph.writebacks) as they were:
+        a CUDA graph's warm-up runs the plan for real, and an optimizer step or a running statistic
+        applied twice at recording would be silently wrong."""
+        targets = [self.graph.constants[dst] if dst in self.graph.constants else inputs[self.graph.inputs.index(dst)]
+                   for _, dst in self.graph.writebacks]
+        saved = [t.clone() for t in targets]
+        try:
+            yield
+        finally:
+            if targets:
+                torch._foreach_copy_(targets, saved)
 
     def draws_on_host(self) -> bool:
         """Some random numbers come from the host-side offset (an ATen step drawing them, or a kernel

@@ -52,10 +52,11 @@ class _Instance:
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
-        with torch.cuda.stream(warm):  # compiles Triton kernels and settles the allocator outside capture
-            for _ in range(2):
-                exe.run(static_inputs)
-        caller.wait_stream(warm)
+        with exe.writebacks_undone(static_inputs):
+            with torch.cuda.stream(warm):  # compiles Triton kernels and settles the allocator outside capture
+                for _ in range(2):
+                    exe.run(static_inputs)
+            caller.wait_stream(warm)
         self.keep_alive: list[Any] = []
         self.graph = torch.cuda.CUDAGraph(keep_graph=sources is not None)
         with torch.cuda.graph(self.graph, pool=pool):

@@ -98,7 +98,11 @@ class PinnedGraph:
                         for i in self.copied_at]
         if self.buffers:
             torch._foreach_copy_(self.buffers, [args[i] for i in self.copied_at])
-        outputs = self._record(self.staged(args))
+        with exe.writebacks_undone(args):  # recording runs the plan: no update may be applied twice
+            outputs = self._record(self.staged(args))
+        # the outputs written back into inputs (Graph.writebacks) were copied inside the graph (into
+        # inputs read in place: ReplayGraph checks), and the caller does not see them
+        outputs = outputs[: exe.graph.user_outputs]
         self.outputs = self._classify(outputs, args, copy_outputs)
         del outputs
         # no local may reference an output or a buffer now (not even a loop variable): the guard's
@@ -206,17 +210,27 @@ class ReplayGraph:
         self._misses = 0
         self.replay_stats = ReplayStats()
 
+    @classmethod
+    def _unusable(cls, compiled: CompiledGraph) -> str | None:
+        return cls._device_reason(compiled) or cls._plan_reason(compiled)
+
     @staticmethod
-    def _unusable(compiled: CompiledGraph) -> str | None:
+    def _device_reason(compiled: CompiledGraph) -> str | None:
         exe = compiled.base
         if exe.device.type != "cuda":
             return f"the graph runs on {exe.device}"
         if exe.executor != "triton":
             return f"the {exe.executor} executor runs it"
+        return None
+
+    @staticmethod
+    def _plan_reason(compiled: CompiledGraph) -> str | None:
+        exe = compiled.base
         if exe.rng is not None and exe.draws_on_host():
             return "it draws random numbers (dropout) through ATen, from offsets that advance on the host"
-        if exe.launches < 2:
-            return f"{exe.launches} launch(es): nothing for a graph to save"
+        launches = exe.launches + (exe.rng is not None) + bool(exe.graph.writebacks)  # the offset advance, the copy
+        if launches < 2:
+            return f"{launches} launch: nothing for a graph to save"
         return None
 
     def run_flat(self, args: list[Any]) -> list[Any]:
@@ -266,6 +280,12 @@ class ReplayGraph:
         self.reason = self._unusable(self.compiled)  # again: a kernel may have failed to compile since
         if self.reason is not None:
             return None
+        written = [self.compiled.base.graph.inputs.index(dst) for _, dst in self.compiled.base.graph.writebacks
+                   if dst in self.compiled.base.graph.inputs]
+        if any(not pinned[i] for i in written):
+            # the graph's copy of such an input would take the update, not the caller's tensor
+            return None if self.calls < RECORD_BY_CALL else self._give_up("an input written in place (a running "
+                                                                          "statistic) moves between calls")
         try:
             self.graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs)
         except Exception as exc:  # noqa: BLE001 - a capture failure leaves the step-by-step path
@@ -279,6 +299,10 @@ class ReplayGraph:
         stats.history.append(f"call {self.calls}: recorded, {sum(pinned)} of {len(args)} inputs read in place")
         stats.replays += 1
         return self.graph.replay(args)
+
+    def _give_up(self, reason: str) -> None:
+        self.reason = reason
+        return None
 
     @property
     def stats(self) -> dict[str, Any]:
