@@ -85,9 +85,11 @@ def test_optimizer_step_through_the_backend_updates_in_place_like_eager(name: st
         step()
         opt_ref.step()
         for i, (p, r) in enumerate(zip(params, ref, strict=True)):
-            torch.testing.assert_close(p, r, rtol=1e-6, atol=1e-7, msg=lambda m, i=i, k=k: f"step {k}, param {i}: {m}")
+            # a few float32 ulps: the compiled step computes its bias corrections in float32 tensors
+            # (eager in Python floats), as Inductor's does (benchmarks/optimizer.py)
+            torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6, msg=lambda m, i=i, k=k: f"step {k}, param {i}: {m}")
             for key, value in opt_ref.state[r].items():
-                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-7,
+                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-5, atol=1e-6,
                                            msg=lambda m, i=i, key=key: f"state {key} of param {i}: {m}")
     graphs = backend_module.compiled_graphs[first:]
     assert graphs, "the step was not compiled through the backend"

@@ -173,7 +173,9 @@ def emit_pointwise(node: Node, args: list[Any], target: str) -> str:
         return f"{fn}({t(0)}, {t(1)}{nan})"
     if name == "pow":
         if not isinstance(args[0], Operand):  # float b > 0 ** tensor (ir/ops.refine_kind)
-            return f"tl.exp2({t(1)} * {literal(math.log2(float(args[0])))})"
+            if target == "cuda":  # powf (1-2 ulp): 1 - beta2 ** step amplifies any error ~1000x
+                return f"libdevice.pow(tl.zeros_like({t(1)}) + {literal(float(args[0]))}, {t(1)})"
+            return f"tl.exp2({t(1)} * {literal(math.log2(float(args[0])))})"  # the interpreter has no libdevice
         return _pow(t(0), float(args[1]))
     if name == "gelu":
         x = t(0)

@@ -49,6 +49,11 @@ from streamfuse.runtime.compiled import CompiledGraph, _capturing, _settle_gener
 from streamfuse.runtime.fallback import failure_text
 from streamfuse.runtime.graphs import OutputGuard, fresh_copies
 
+SMALL_INPUT_BYTES = 1 << 16
+"""Inputs up to this size are always copied, even when they stayed put: a loss's incoming gradient
+or a label tensor lands at the same address two calls in a row by chance and moves the next (run
+61), and copying them costs next to nothing. Inputs the graph writes back into are read in place
+whatever their size (the update must reach the caller's tensor)."""
 RECORD_BY_CALL = 6
 """Record at this call even if the inputs read in place still changed at the previous one."""
 MISSES_BEFORE_RERECORD = 3
@@ -272,16 +277,16 @@ class ReplayGraph:
         previous, self._ptrs = self._ptrs, ptrs
         if previous is None:
             return None
-        pinned = [(p == q or not is_dense(a))
-                  for a, p, q in zip(args, ptrs, previous, strict=True)]
+        graph = self.compiled.base.graph
+        written = {graph.inputs.index(dst) for _, dst in graph.writebacks if dst in graph.inputs}
+        pinned = [not is_dense(a) or (p == q and (i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
+                  for i, (a, p, q) in enumerate(zip(args, ptrs, previous, strict=True))]
         stable, self._pinned = pinned == self._pinned, pinned
         if not stable and self.calls < RECORD_BY_CALL:
             return None
         self.reason = self._unusable(self.compiled)  # again: a kernel may have failed to compile since
         if self.reason is not None:
             return None
-        written = [self.compiled.base.graph.inputs.index(dst) for _, dst in self.compiled.base.graph.writebacks
-                   if dst in self.compiled.base.graph.inputs]
         if any(not pinned[i] for i in written):
             # the graph's copy of such an input would take the update, not the caller's tensor
             return None if self.calls < RECORD_BY_CALL else self._give_up("an input written in place (a running "
