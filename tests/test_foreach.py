@@ -100,6 +100,8 @@ def test_optimizer_step_through_the_backend_updates_in_place_like_eager(name: st
         plan = plan._fallback
     graph = plan.base.graph
     assert graph.writebacks, "the updates were not written back inside the plan"
+    if plan.base.executor == "triton":  # each update chain stores its results into the parameter and states
+        assert plan.base.stored_in_place == len(graph.writebacks), (plan.base.stored_in_place, len(graph.writebacks))
     assert not any("_foreach" in n.op for n in graph.nodes), [n.op for n in graph.nodes if "_foreach" in n.op]
 
 
@@ -118,3 +120,82 @@ def test_batch_norm_running_statistics_under_no_grad(config: streamfuse.Config, 
             torch.testing.assert_close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
             for (name, b), (_, c) in zip(model.named_buffers(), eager.named_buffers(), strict=True):
                 torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6, msg=lambda m, name=name, k=k: f"call {k}, {name}: {m}")
+
+
+def _last_plan(first: int) -> Any:
+    graph = backend_module.compiled_graphs[-1]
+    plan = getattr(graph, "compiled", None) or getattr(graph, "_fallback", None) or graph
+    return plan.base
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1",
+                    reason="generated kernels need a GPU or Triton's interpreter")
+@pytest.mark.parametrize("in_place", [True, False])
+def test_updates_stored_in_place_only_where_no_later_reader(in_place: bool, config: streamfuse.Config,
+                                                             device: torch.device) -> None:
+    """A buffer's update is stored by the kernel computing it when nothing reads the old value
+    afterwards; a reduction over the old value, independent of the update, keeps the copy at the
+    end. Both read the old value and leave the new one, as eager does."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("ema", torch.randn(256, 64))
+            self.register_buffer("seen", torch.randn(256, 64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            old_total = self.seen.sum(0)  # reads `seen` before its update, in another kernel
+            self.seen.add_(x)
+            self.ema.mul_(0.9).add_(x, alpha=0.1)  # only its own update reads `ema`
+            return old_total * 2
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Model().to(device)
+    eager = __import__("copy").deepcopy(model)
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config.replace(store_in_place=in_place)))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for k in range(3):
+            x = torch.randn(256, 64, generator=gen).to(device)
+            torch.testing.assert_close(compiled(x), eager(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(model.ema, eager.ema, rtol=1e-6, atol=1e-6, msg=lambda m, k=k: f"call {k}: {m}")
+            torch.testing.assert_close(model.seen, eager.seen, rtol=1e-6, atol=1e-6, msg=lambda m, k=k: f"call {k}: {m}")
+    exe = _last_plan(0)
+    assert len(exe.graph.writebacks) == 2
+    stored = {exe.graph.outputs[i].name for (i, _), k in zip(exe.graph.writebacks, range(2), strict=True)}
+    assert exe.stored_in_place == (1 if in_place else 0), (exe.stored_in_place, stored)
+    assert len(exe.writebacks) == (1 if in_place else 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1",
+                    reason="generated kernels need a GPU or Triton's interpreter")
+def test_a_failed_run_puts_updates_stored_in_place_back(config: streamfuse.Config, device: torch.device) -> None:
+    """A first call that fails part-way falls back to eager, which applies the update itself: what
+    the plan had already stored in place is restored first (Executable.restored_on_failure)."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("ema", torch.randn(128, 32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.ema.mul_(0.9).add_(x, alpha=0.1)
+            return x * 2
+
+    torch._dynamo.reset()
+    model = Model().to(device)
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+    x = torch.randn(128, 32, device=device)
+    with torch.no_grad():
+        compiled(x)
+    exe = _last_plan(0)
+    assert exe.stored_in_place == 1
+    before = model.ema.clone()
+    inputs = [x] if len(exe.graph.inputs) == 1 else [x, model.ema]
+    with pytest.raises(RuntimeError, match="part-way"):
+        with exe.restored_on_failure(inputs):
+            exe.run(inputs)
+            assert not torch.equal(model.ema, before)  # the kernel stored the update
+            raise RuntimeError("a later step failed part-way")
+    torch.testing.assert_close(model.ema, before, rtol=0, atol=0)

@@ -163,6 +163,11 @@ class Config:
     while the plans kept still serve their shapes: a workload cycling through more shapes than the
     cache keeps (token-by-token generation with a growing cache) would otherwise compile on
     nearly every call."""
+    store_in_place: bool = True
+    """An input the graph updates in place (an optimizer's parameters and states, through the
+    torch.compile backend) is written by the kernel that computes its new value, where nothing can
+    read the old value afterwards (runtime/executable.store_in_place); False copies every update
+    over its input at the end of the call."""
     reuse_outputs: bool = False
     """True returns the graph's own output buffers (zero-copy), overwritten by the next call;
     False (default) returns fresh tensors."""

@@ -144,7 +144,8 @@ class CompiledGraph:
                           "raises). To train, use torch.compile(model, backend='streamfuse').", UserWarning, stacklevel=3)
         start = time.perf_counter()
         try:
-            out = call(inputs)
+            with self.base.restored_on_failure(inputs):
+                out = call(inputs)
         except BadInput:
             raise
         except Exception as exc:  # noqa: BLE001 - never fail where eager runs
@@ -446,11 +447,13 @@ def graph_skip_reason(exe: Executable) -> str | None:
     allocations = sum(len(g.outputs) for g in exe.plan.groups if g.launches)
     saved = launches * (DIRECT_LAUNCH_US - GRAPH_NODE_US) + allocations * ALLOC_US
     tensors = list(exe.graph.inputs)
+    # the caller's outputs only: those written back into inputs stay inside the graph
+    visible = [o for o in exe.graph.outputs[: exe.graph.user_outputs] if isinstance(o, Node)]
     if not exe.config.reuse_outputs:
-        tensors += exe.graph.output_nodes
+        tensors += visible
     copy_bytes = sum(n.numel * n.itemsize for n in tensors)
     inputs_in = input_copy_us(len(exe.graph.inputs), exe.config.input_copy_node)
-    outputs = 0 if exe.config.reuse_outputs else len(exe.graph.output_nodes)
+    outputs = 0 if exe.config.reuse_outputs else len(visible)
     out_copy = 0.0 if exe.config.reuse_outputs else COPY_CALL_US
     cost = copy_bytes / COPY_BYTES_PER_US + inputs_in + out_copy + outputs * VIEW_US + REPLAY_US
     if cost > saved:

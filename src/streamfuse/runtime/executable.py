@@ -22,6 +22,7 @@ from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.ops import OpKind
 from streamfuse.ir.indexing import contiguous_strides
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
@@ -139,6 +140,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     # 5. zero-copy views of weights are taken once, not on every call; programmatic dependent
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
+    in_place = store_in_place(plan, steps, graph, slot) if config.store_in_place else set()
     mark_pdl_launches(steps, schedule, config.pdl_beside_others, config.pdl_after_convolutions)
     clock.lap("steps")
     # 6. the generated kernels compiled ahead of the first call, several at once
@@ -148,6 +150,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     exe.ceilings = ceilings
     exe.conv_layouts = conv_layouts
     exe.rng = rng
+    exe.writebacks = [w for k, w in enumerate(exe.writebacks) if k not in in_place]
+    exe.stored_in_place = len(in_place)
     if rng is not None and (rng.offset_tensor is None or rng.offset_tensor.device != device):
         rng.offset_tensor = torch.zeros(1, dtype=torch.int64, device=device)
     exe.sm_count = sm_count
@@ -204,6 +208,78 @@ def _load(source: KernelSource, config: Config) -> Any:
     from streamfuse.codegen.cache import load_kernel
 
     return load_kernel(source.fn_name, source.source, config.cache_dir)
+
+
+def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node, int]) -> set[int]:
+    """Writebacks (Graph.writebacks) whose new value a generated pointwise kernel can store straight
+    into the input it replaces, instead of a buffer copied over the input at the end of the call (an
+    optimizer step: the parameters and states are written once instead of twice). Returns the
+    indices into graph.writebacks handled so; their steps' `out_into` says where to store.
+
+    Safe only when nothing can read the old value after the kernel writes the new one:
+    - the kernel (one part of a horizontal kernel) computes the value elementwise over the input's
+      shape and reads the input only directly, at the element it writes, with the same strides:
+      each element is loaded before it is stored, by the same program;
+    - every other kernel reading the input, or a view of it, is an ancestor of this one, so every
+      schedule (streams included) runs it first;
+    - the value is not also a result the caller sees."""
+    owner = {n: i for i, g in enumerate(plan.groups) for n in g.nodes}
+    visible = set(map(id, graph.outputs[: graph.user_outputs]))
+    done: set[int] = set()
+    for k, (index, dst) in enumerate(graph.writebacks):
+        src = graph.outputs[index]
+        if not isinstance(src, Node) or id(src) in visible or src not in owner or src.kind is OpKind.INPUT:
+            continue
+        gi = owner[src]
+        step, group = steps[gi], plan.groups[gi]
+        if not isinstance(step, KernelStep) or src not in step.source.outputs:
+            continue
+        part = group if group.kind is GroupKind.POINTWISE else next(
+            (p for p in group.parts if src in p.nodes), None) if group.kind is GroupKind.HORIZONTAL else None
+        if part is None or src.shape != dst.shape or src.dtype != dst.dtype or src.strides != dst.strides \
+                or not is_contiguous_meta(dst) or tuple(part.shape) != tuple(src.shape):
+            continue
+        views = _views_of(dst, graph)
+        inside = [u for v in views for u in v.users if owner.get(u) == gi]
+        if any(v is not dst for v in views if owner.get(v) == gi) or \
+                any(u not in part.nodes or u.shape != dst.shape for u in inside):
+            continue
+        readers = {owner[u] for v in views for u in v.users if u in owner and owner[u] != gi
+                   and plan.groups[owner[u]].kind is not GroupKind.ALIAS}
+        ancestors = _ancestor_groups(group, owner)
+        if not readers <= ancestors:
+            continue
+        step.out_into[step.source.outputs.index(src)] = slot[dst]
+        done.add(k)
+    return done
+
+
+def _views_of(node: Node, graph: Graph) -> list[Node]:
+    """`node` and every view or alias taken of it, transitively."""
+    found, stack = [node], [node]
+    while stack:
+        for u in stack.pop().users:
+            if u.kind in (OpKind.VIEW, OpKind.BROADCAST) or u.op == "aten.alias.default":
+                if u not in found:
+                    found.append(u)
+                    stack.append(u)
+    return found
+
+
+def _ancestor_groups(group: Group, owner: dict[Node, int]) -> set[int]:
+    """Indices of the groups `group` depends on, transitively."""
+    seen: set[Node] = set()
+    stack = [a for n in group.nodes for a in n.input_nodes() if a not in group.nodes]
+    groups: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in owner:
+            groups.add(owner[n])
+        stack.extend(n.input_nodes())
+    return groups
 
 
 def _hoist_constant_aliases(plan: Plan, steps: list[Step], graph: Graph) -> list[Step]:
@@ -281,7 +357,11 @@ class Executable:
         if missing:
             raise ValueError(f"inputs written in place are not in the plan: {missing}")
         self.writebacks = [(i, self.slot[dst]) for i, dst in graph.writebacks]
-        """(output index, slot): outputs copied into inputs at the end of every call (Graph.writebacks)."""
+        self.all_writebacks = list(self.writebacks)
+        """(output index, slot): outputs copied into inputs at the end of every call (Graph.writebacks),
+        less those a kernel stores in place (store_in_place)."""
+        self.stored_in_place = 0
+        """Writebacks a generated kernel stores straight into the input (no copy at the end)."""
         multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
         self.stream_runner = StreamRunner(self, schedule, device) if multi else None
 
@@ -384,6 +464,26 @@ class Executable:
         finally:
             if targets:
                 torch._foreach_copy_(targets, saved)
+
+    @contextlib.contextmanager
+    def restored_on_failure(self, inputs: Sequence[Any]) -> Iterator[None]:
+        """A run that fails part-way may have stored some updates in place (store_in_place) before
+        the caller falls back to running the model eagerly, which would apply them a second time:
+        the tensors updated in place are saved first and put back if the run raises."""
+        if not self.stored_in_place:
+            yield
+            return
+        copied = set(self.writebacks)
+        in_place = [dst for w, (_, dst) in zip(self.all_writebacks, self.graph.writebacks, strict=True)
+                    if w not in copied]
+        targets = [self.graph.constants[d] if d in self.graph.constants else inputs[self.graph.inputs.index(d)]
+                   for d in in_place]
+        saved = [t.clone() for t in targets]
+        try:
+            yield
+        except BaseException:
+            torch._foreach_copy_(targets, saved)
+            raise
 
     def draws_on_host(self) -> bool:
         """Some random numbers come from the host-side offset (an ATen step drawing them, or a kernel

@@ -64,7 +64,9 @@ class _Instance:
                 stream = torch.cuda.current_stream(exe.device).cuda_stream
                 for dst, src in zip(static_inputs, sources, strict=True):
                     cudart.memcpy_d2d_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, stream)
-            self.outputs: list[Any] = exe.run(static_inputs, keep_alive=self.keep_alive)
+            # the outputs the caller sees: those written back into inputs (Graph.writebacks) were
+            # copied or stored there inside the graph, and keep_alive holds their buffers
+            self.outputs: list[Any] = exe.run(static_inputs, keep_alive=self.keep_alive)[: exe.graph.user_outputs]
         self.copy_nodes: list[int] = []
         self.exec = 0
         self.held: list[torch.Tensor] = list(sources or [])
@@ -109,7 +111,7 @@ class GraphRunner:
         self.exe = exe
         self.pool = pool
         self.reuse_outputs = reuse_outputs
-        self.batch_slices = list(batch_slices)
+        self.batch_slices = list(batch_slices)[: exe.graph.user_outputs]
         self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
         self.copy_node_failure: str | None = None

@@ -163,11 +163,14 @@ class KernelStep:
     failed: NodeStep | None = None
     """The group's ops run through ATen because the kernel failed to compile (`failure` says why)."""
     failure: str | None = None
+    out_into: dict[int, int] = field(default_factory=dict)
+    """Output position -> slot of the input it is stored into, in place (an optimizer's parameter:
+    runtime/executable.store_in_place proved nothing reads the old value afterwards)."""
     _compiled: dict[tuple, Any] = field(default_factory=dict)
 
     def run(self, env: Env) -> None:
         if self.failed is not None:
-            self.failed.run(env)
+            self._run_failed(env)
             return
         args: list[Any] = []
         for s, dims in zip(self.in_slots, self.source.input_stride_dims, strict=True):
@@ -177,6 +180,8 @@ class KernelStep:
                 strides = t.stride()
                 args += [strides[d] for d in dims]
         outs = self.source.output_tensors(self.device)
+        for pos, s in self.out_into.items():
+            outs[pos] = env[s]
         args += outs
         if self.rng is not None:
             args += (self.rng.seed, self.rng.offset_tensor)
@@ -210,7 +215,16 @@ class KernelStep:
         self.failure = f"kernel {self.source.fn_name} failed to compile or launch: {failure_text(exc)}"
         warn_fallback(f"group {self.group.name}", self.failure)
         self.failed = NodeStep(self.group, self.fallback_slot)
+        self._run_failed(env)
+
+    def _run_failed(self, env: Env) -> None:
+        """The group through ATen; a result meant to be stored in place is copied there."""
+        assert self.failed is not None
         self.failed.run(env)
+        for pos, s in self.out_into.items():
+            out = self.out_slots[pos]
+            env[s].copy_(env[out])
+            env[out] = env[s]
 
     def binary(self) -> Any | None:
         """A compiled kernel of this step (registers, shared memory, spills), once it has run on a GPU."""
