@@ -46,10 +46,13 @@ from fuzz_programs import (CI_EXAMPLES, FLOATS, GPU_EXAMPLES, INTERPRETER_BF16, 
                            TOLERANCE, Program, Sizes)
 from fuzz_steps import programs
 from hypothesis import HealthCheck, given, settings
+from replay_emulation import emulate_replay
 
 import streamfuse
+import streamfuse.capture.backend as backend_module
 from streamfuse import Config
 from streamfuse.runtime.fallback import StreamfuseFallbackWarning
+from streamfuse.runtime.replay import ReplayGraph
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,6 +166,53 @@ def check_gradients(program: Program, config: Config, inputs: list[torch.Tensor]
                          "torch.compile(backend=streamfuse) backward (input gradients)", scales=[(scale, 0.0)] * len(want))
 
 
+def check_replayed_gradients(program: Program, config: Config, device: str | torch.device, calls: int = 8) -> None:
+    """Training through the backend, `calls` times two forwards and one backward with fresh leaves of
+    the same values (the training graphs record CUDA graphs after a few calls and replay after:
+    runtime/replay.py).
+    Every later call's results and input gradients must equal the first call's (run step by step,
+    before any graph exists; check_gradients holds that one against eager), and the results of
+    every call, kept, must survive the calls after it."""
+    inputs = program.make_inputs(device)
+    leaves = [t.detach().clone().requires_grad_(t.dtype == torch.float32) for t in inputs]
+    if not any(t.requires_grad for t in leaves):
+        return
+
+    def run(fn: Any) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Two forwards, then one backward through both (the second forward runs while the first's
+        saved activations wait for the backward: it must not replay over them)."""
+        xs = [t.detach().clone().requires_grad_(t.requires_grad) for t in leaves]
+        outs = [[o for o in _flat(fn(*xs)) if isinstance(o, torch.Tensor) and o.dtype in FLOATS and o.requires_grad]
+                for _ in range(2)]
+        if not outs[0]:
+            return [], []
+        gen = torch.Generator().manual_seed(program.seed)
+        directions = [torch.randn(o.shape, generator=gen).to(o.device) for o in outs[0]]
+        loss = sum((o.float() * d).sum() * (k + 1) for k, each in enumerate(outs) for o, d in zip(each, directions))
+        got = torch.autograd.grad(loss, [x for x in xs if x.requires_grad], allow_unused=True)
+        return outs[0] + outs[1], [None if g is None else g.detach() for g in got]  # results kept as returned
+
+    torch._dynamo.reset()
+    compiled = torch.compile(program.function(), backend=streamfuse.make_backend(config))
+    first_out, first = run(compiled)
+    if not first_out:
+        return
+    want_out = [o.detach().clone() for o in first_out]
+    kept = [first_out]
+    for call in range(1, calls):
+        outs, got = run(compiled)
+        kept.append(outs)
+        assert [g is None for g in got] == [g is None for g in first], f"call {call}: other inputs have gradients"
+        for i, (g, w) in enumerate(zip(got, first, strict=True)):
+            if g is not None and w is not None:
+                torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6, equal_nan=True,
+                                           msg=lambda m, i=i, call=call: f"call {call}, gradient {i} vs call 0: {m}")
+    for call, outs in enumerate(kept):  # no later replay overwrote a result the caller still holds
+        for i, (o, w) in enumerate(zip(outs, want_out, strict=True)):
+            torch.testing.assert_close(o.detach(), w, rtol=1e-6, atol=1e-6, equal_nan=True,
+                                       msg=lambda m, i=i, call=call: f"result {i} of call {call}, kept: {m}")
+
+
 FUZZ_SETTINGS = dict(deadline=None, derandomize=True, print_blob=True,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                             HealthCheck.filter_too_much, HealthCheck.large_base_example])
@@ -192,3 +242,34 @@ def test_fuzz(family: str, config: Config, device: torch.device, request: pytest
 def test_fuzz_long_on_gpu(family: str, config: Config, request: pytest.FixtureRequest) -> None:
     """The long profile: compiled kernels on CUDA, larger shapes (several programs per kernel, long rows)."""
     _run(family, _examples(request, GPU_EXAMPLES), config, "cuda", LARGE)
+
+
+REPLAY_FAMILIES = {"views": 25, "indexing": 20, "mixed": 25, "reductions": 20}
+
+
+@pytest.mark.parametrize("family", sorted(REPLAY_FAMILIES))
+def test_fuzz_replayed_training(family: str, config: Config, device: torch.device, request: pytest.FixtureRequest,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float32 programs trained through the backend over eight calls, so their forward and backward
+    graphs record and replay (emulated on the CPU: tests/replay_emulation.py, with the reference
+    executor, as the replay logic is under test, not the kernels; test_fuzz checks the first call's
+    gradients against eager's)."""
+    if device.type == "cpu":
+        emulate_replay(monkeypatch)
+        config = config.replace(executor="reference")
+
+    first = len(backend_module.compiled_graphs)
+
+    @settings(max_examples=_examples(request, REPLAY_FAMILIES[family]), **FUZZ_SETTINGS)
+    @given(program=programs(family, sizes=TINY))
+    def fuzz(program: Program) -> None:
+        if program.precision != torch.float32:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", StreamfuseFallbackWarning)
+            check_replayed_gradients(program, config.replace(**program.config), device)
+
+    fuzz()
+    replayed = [g for g in backend_module.compiled_graphs[first:] if isinstance(g, ReplayGraph)
+                and g.replay_stats.replays > 0]
+    assert len(replayed) >= 4, "too few programs' training graphs replayed: the test would not test replays"

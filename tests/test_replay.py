@@ -8,57 +8,32 @@ kept across steps, and a batch tensor that moves. The graphs must replay in the 
 the others, replays that would overwrite something still visible must not happen.
 
 Each test runs on the GPU (real CUDA graphs) and, on any machine, on the CPU with the graph
-emulated: a "replay" runs the plan again on the inputs where the recorded graph would read them
-and writes the results into the recorded output buffers, as a replayed graph does. What decides
-when to record, replay or step, and what is handed out, copied or rebuilt, is the same code.
+emulated (tests/replay_emulation.py): what decides when to record, replay or step, and what is
+handed out, copied or rebuilt, is the same code.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from replay_emulation import emulate_replay
 from test_training import _assert_match, train_and_compare
 from torch import nn
 
 import streamfuse
 import streamfuse.capture.backend as backend_module
-from streamfuse.runtime import replay
-from streamfuse.runtime.compiled import CompiledGraph
-from streamfuse.runtime.replay import PinnedGraph, ReplayGraph
-
-
-class _EmulatedGraph(PinnedGraph):
-    """A PinnedGraph whose graph is emulated on any device (see the module docstring)."""
-
-    def _record(self, staged: list[Any]) -> list[Any]:
-        return self.exe.run(staged)
-
-    def _launch(self, args: list[Any]) -> None:
-        fresh = self.exe.run(self.staged(args))[: self.exe.graph.user_outputs]  # writebacks done by run
-        for out, fresh in zip(self.outputs, fresh, strict=True):
-            if out.kind in ("pool", "copy"):
-                out.value.copy_(fresh)
+from streamfuse.runtime.replay import ReplayGraph
 
 
 @pytest.fixture(params=["cpu-emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
 def device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> torch.device:
     if request.param == "cuda":
         return torch.device("cuda")
-
-    def wrap(compiled: Any, training: Any) -> Any:
-        if training is None or not isinstance(compiled, CompiledGraph):
-            return compiled
-        return ReplayGraph(compiled, training.role, set(range(training.visible)))
-
-    monkeypatch.setattr(backend_module, "training_graph", wrap)
-    monkeypatch.setattr(replay, "PinnedGraph", _EmulatedGraph)
-    monkeypatch.setattr(replay, "_capturing", lambda: False)
-    monkeypatch.setattr(ReplayGraph, "_device_reason", staticmethod(lambda compiled: None))
+    emulate_replay(monkeypatch)
     return torch.device("cpu")
 
 

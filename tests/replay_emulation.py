@@ -1,0 +1,49 @@
+"""CUDA graphs of training graphs emulated on any device (tests of runtime/replay.py's logic).
+
+A "recorded" graph runs the plan once, as a warm-up does; a "replay" runs the plan again on the
+inputs where the recorded graph would read them (the caller's tensors for inputs read in place,
+the graph's buffers for copied ones) and writes the results into the recorded output buffers, as a
+replayed graph does. Everything else (when to record, replay or run step by step, what is handed
+out, copied or rebuilt) is the real code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import streamfuse.capture.backend as backend_module
+from streamfuse.runtime import replay
+from streamfuse.runtime.compiled import CompiledGraph
+from streamfuse.runtime.replay import PinnedGraph, ReplayGraph
+
+
+class EmulatedGraph(PinnedGraph):
+    def _record(self, staged: list[Any]) -> list[Any]:
+        return self.exe.run(staged)
+
+    def _launch(self, args: list[Any]) -> None:
+        fresh = self.exe.run(self.staged(args))[: self.exe.graph.user_outputs]  # writebacks done by run
+        for out, value in zip(self.outputs, fresh, strict=True):
+            if out.kind in ("pool", "copy"):
+                _dense_part(out.value).copy_(_dense_part(value))
+
+
+def _dense_part(t: Any) -> Any:
+    """The elements an expanded (stride-0) tensor holds once: what a graph's kernel wrote."""
+    return t[tuple(slice(0, 1) if st == 0 else slice(None) for st in t.stride())]
+
+
+def emulate_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training graphs on the CPU record and replay emulated CUDA graphs (undone by monkeypatch)."""
+
+    def wrap(compiled: Any, training: Any) -> Any:
+        if training is None or not isinstance(compiled, CompiledGraph):
+            return compiled
+        return ReplayGraph(compiled, training.role, set(range(training.visible)))
+
+    monkeypatch.setattr(backend_module, "training_graph", wrap)
+    monkeypatch.setattr(replay, "PinnedGraph", EmulatedGraph)
+    monkeypatch.setattr(replay, "_capturing", lambda: False)
+    monkeypatch.setattr(ReplayGraph, "_device_reason", staticmethod(lambda compiled: None))
