@@ -4,10 +4,11 @@
     python benchmarks/training.py [--models resnet18,resnet50,bert-base,gpt2] [--steps 20] [--json FILE]
     python benchmarks/training.py --tiny          # one-layer text configs on any machine (a smoke test)
 
-Per model and mode: milliseconds per step (median over `--steps`, after three warm-up steps that
-compile), first-step seconds (compile included), peak memory of a step (CUDA's max allocated during
-the timed steps, model and optimizer state included; and max reserved, which also counts what CUDA
-graphs keep in their pools between replays), and the check: after seven forward + backward calls
+Per model and mode: milliseconds per step (median over `--steps`, after eight warm-up steps that
+compile and record graphs), first-step seconds (compile included), peak memory of a step (CUDA's max
+allocated during the timed steps, model and optimizer state included; and max reserved, which also
+counts what CUDA graphs keep in their pools between replays; the warm-up's own peak is in the JSON,
+`warmup_peak_mib`), and the check: after seven forward + backward calls
 from the same weights on the same batch (so the backend's CUDA graphs are replaying), every
 parameter's gradient against eager's (relative norm; float32 with TF32 off for the check, TF32 as the
 process's defaults for the timing) and against eager in float64. A mode whose gradients are further
@@ -42,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from streamfuse.bench.runner import exact_fp32  # noqa: E402 - after the path
 
 MODES = ("eager", "compile", "streamfuse", "sf-nograph")
+WARMUP_STEPS = 8
+"""Steps before the timed ones: the backend's training graphs record by the sixth call, so the
+timed steps and their peak memory are the steady state (the warm-up's peak is reported apart)."""
 CHECK_STEPS = 7
 """Forward and backward calls before the gradients are compared: the backend's training graphs
 record their CUDA graphs at about the fourth (forward) and sixth (backward) call, so the last
@@ -196,14 +200,20 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             w.loss(fn, batch).backward()  # type: ignore[arg-type]
             opt.step()
 
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         step()
         sync(device)
         result["first_step_s"] = time.perf_counter() - start
-        for _ in range(2):
+        for _ in range(WARMUP_STEPS - 1):
             step()
         if device.type == "cuda":
             torch.cuda.synchronize()
+            # the warm-up's peak: compiles, and the backend recording its CUDA graphs (a warm-up run
+            # beside the previous step's buffers), once per process
+            result["warmup_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         times = []
