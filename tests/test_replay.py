@@ -229,3 +229,26 @@ def test_dropout_draws_a_fresh_mask_on_every_replay(config: streamfuse.Config, d
     assert all(not torch.equal(a, b) for a, b in zip(masks, masks[1:])), "a mask repeated"
     forward = _replays(first)["forward"]
     assert forward.reason is None and forward.replay_stats.replays >= 3, forward.explain(source=False)
+
+
+class _TwoResults(_MLP):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        y = super().forward(x)
+        return y, y.tanh().sum(1)
+
+
+def test_results_of_a_replayed_forward_can_be_modified_in_place(config: streamfuse.Config, device: torch.device) -> None:
+    """The forward's results come out of a replay as tensors of their own (not views of a shared
+    buffer), so the caller may change them in place before the backward, as in eager."""
+    model, eager, compiled = _pair(_TwoResults, config, device)
+    first = len(backend_module.compiled_graphs)
+    gen = torch.Generator().manual_seed(4)
+    for step in range(8):
+        x = torch.randn(8, 32, generator=gen).to(device)
+        for m in (compiled, eager):
+            m.zero_grad(set_to_none=True)
+            out, rows = m(x)
+            rows.add_(1.0)  # in place on a result (not one the backward reads)
+            (out.square().mean() + rows.square().mean()).backward()
+        _compare_params(step, model, eager, grads=True)
+    assert _replays(first)["forward"].replay_stats.replays > 0

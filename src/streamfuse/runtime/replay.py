@@ -47,7 +47,7 @@ import torch
 
 from streamfuse.runtime.compiled import CompiledGraph, _capturing, _settle_generators
 from streamfuse.runtime.fallback import failure_text
-from streamfuse.runtime.graphs import OutputGuard, fresh_copies
+from streamfuse.runtime.graphs import OutputGuard
 
 SMALL_INPUT_BYTES = 1 << 16
 """Inputs up to this size are always copied, even when they stayed put: a loss's incoming gradient
@@ -172,7 +172,9 @@ class PinnedGraph:
         if self.buffers:
             torch._foreach_copy_(self.buffers, [args[i] for i in self.copied_at])
         self._launch(args)
-        copies = iter(fresh_copies([o.value for o in self.outputs if o.kind == "copy"]))
+        # one clone each, not views of one buffer (graphs.fresh_copies): these are the outputs of an
+        # autograd function, which a caller may modify in place, as it may eager's
+        copies = iter([o.value.clone() for o in self.outputs if o.kind == "copy"])
         result = []
         for o in self.outputs:
             if o.kind == "pool" or o.kind == "fixed":
