@@ -31,6 +31,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from streamfuse.runtime.fallback import failure_text  # noqa: E402 - after the path
+
 MODES = ("eager", "compile", "streamfuse")
 OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, foreach=True),
@@ -114,8 +116,7 @@ def run(name: str, mode: str, values: list[torch.Tensor], grads: list[torch.Tens
                 step()
             result["us_per_step"] = (time.perf_counter() - begin_s) * 1e6 / steps
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
-        text = str(exc).strip().splitlines()
-        result["error"] = f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+        result["error"] = failure_text(exc)
     finally:
         torch._dynamo.reset()
     return result

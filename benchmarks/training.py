@@ -41,6 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from streamfuse.bench.runner import exact_fp32  # noqa: E402 - after the path
+from streamfuse.runtime.fallback import failure_text  # noqa: E402
 
 MODES = ("eager", "compile", "streamfuse", "sf-nograph")
 WARMUP_STEPS = 8
@@ -230,8 +231,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             # is the fair comparison for a mode that replays graphs
             result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
-        text = str(exc).strip().splitlines()
-        result["error"] = f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+        result["error"] = failure_text(exc)
     finally:
         torch._dynamo.reset()
     return result

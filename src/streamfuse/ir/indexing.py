@@ -219,3 +219,9 @@ def _clamp_start(start: int, size: int) -> int:
 def squeeze_equal(a: Sequence[int], b: Sequence[int]) -> bool:
     """True if the shapes differ only by size-1 dimensions."""
     return [s for s in a if s != 1] == [s for s in b if s != 1]
+
+
+def is_contiguous_meta(node: Node) -> bool:
+    """`node`'s traced strides are row-major (dims of size 1 aside, whose stride nothing reads)."""
+    return all(st == c for st, c, size in zip(node.strides, contiguous_strides(node.shape), node.shape, strict=True)
+               if size != 1)
