@@ -199,3 +199,32 @@ def test_a_failed_run_puts_updates_stored_in_place_back(config: streamfuse.Confi
             assert not torch.equal(model.ema, before)  # the kernel stored the update
             raise RuntimeError("a later step failed part-way")
     torch.testing.assert_close(model.ema, before, rtol=0, atol=0)
+
+
+def test_an_input_updated_in_place_through_the_backend(config: streamfuse.Config, device: torch.device) -> None:
+    """A plain tensor argument updated in place (as transformers' static KV cache is when not marked
+    static): each call updates the caller's tensor once, with CUDA graphs replaying on the GPU (the
+    graph updates its copy of the input; the call copies that back)."""
+    torch._dynamo.reset()
+
+    def step(x: torch.Tensor, cache: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        cache.index_put_((position,), x)  # one row of the cache, as a KV cache update
+        cache.mul_(0.5)
+        return (cache * 2).sum(0)
+
+    cache = torch.randn(16, 64, device=device)
+    eager_cache = cache.clone()
+    compiled = torch.compile(step, backend=streamfuse.make_backend(config))
+    first = len(backend_module.compiled_graphs)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for k in range(6):
+            x = torch.randn(1, 64, generator=gen).to(device)
+            pos = torch.tensor([k], device=device)
+            torch.testing.assert_close(compiled(x, cache, pos), step(x, eager_cache, pos), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(cache, eager_cache, rtol=1e-6, atol=1e-6, msg=lambda m, k=k: f"call {k}: {m}")
+    graph = backend_module.compiled_graphs[first:][-1]
+    plan = getattr(graph, "compiled", None) or getattr(graph, "_fallback", None) or graph
+    assert plan.base.graph.writebacks
+    if device.type == "cuda" and plan.graph_skip is None:  # the graph path ran wherever it pays
+        assert plan.stats["graphs"] >= 1, plan.explain(source=False)

@@ -435,10 +435,6 @@ def graph_skip_reason(exe: Executable) -> str | None:
     A graph saves the host cost of every launch and allocation but adds copies: inputs into its
     static buffers and (unless reuse_outputs) results out of them. With few launches, or tensors so
     large that the copies cost more than the launches saved, direct launches win."""
-    written_inputs = [n.name for _, n in exe.graph.writebacks if n in exe.graph.inputs]
-    if written_inputs:
-        return (f"the graph writes into its input(s) {', '.join(written_inputs[:3])} in place: a CUDA graph reads "
-                "copies of its inputs, so calls launch directly")
     if exe.rng is not None and exe.draws_on_host():
         return ("the graph draws random numbers (dropout) through ATen: a replayed CUDA graph would repeat the "
                 "first call's mask, so calls launch directly and each draws a fresh one")
@@ -451,6 +447,8 @@ def graph_skip_reason(exe: Executable) -> str | None:
     visible = [o for o in exe.graph.outputs[: exe.graph.user_outputs] if isinstance(o, Node)]
     if not exe.config.reuse_outputs:
         tensors += visible
+    written = {id(dst) for _, dst in exe.graph.writebacks}
+    tensors += [n for n in exe.graph.inputs if id(n) in written]  # copied back to the caller after the replay
     copy_bytes = sum(n.numel * n.itemsize for n in tensors)
     inputs_in = input_copy_us(len(exe.graph.inputs), exe.config.input_copy_node)
     outputs = 0 if exe.config.reuse_outputs else len(visible)

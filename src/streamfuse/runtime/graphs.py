@@ -114,6 +114,10 @@ class GraphRunner:
         self.batch_slices = list(batch_slices)[: exe.graph.user_outputs]
         self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
+        written = {id(dst) for _, dst in exe.graph.writebacks}
+        self.written = [i for i, n in enumerate(exe.graph.inputs) if id(n) in written]
+        """Inputs the graph updates in place (Graph.writebacks; a static KV cache passed as an input):
+        the graph updates its static copy, and each call copies that back into the caller's tensor."""
         self.copy_node_failure: str | None = None
         """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
         self.use_copy_nodes = input_copy_node and self._copy_nodes_possible()
@@ -198,6 +202,10 @@ class GraphRunner:
             statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
             torch._foreach_copy_(statics, list(inputs))
         inst.graph.replay()
+        if self.written:  # the graph updated its copies of these inputs: the caller's tensors get the update
+            if not exact:
+                raise RuntimeError("a graph that updates its inputs in place ran padded to a batch bucket")
+            torch._foreach_copy_([inputs[i] for i in self.written], [self.static_inputs[i] for i in self.written])
 
     def _free_instance(self) -> _Instance | None:
         for inst in self.handout:
