@@ -113,7 +113,7 @@ class PinnedGraph:
         # no local may reference an output or a buffer now (not even a loop variable): the guard's
         # baseline is the idle state
         self.handed = [o.value for o in self.outputs if o.kind == "pool"]
-        self.guard = OutputGuard(self.handed)  # no local holds an output now: the baseline is the idle state
+        self.guard = OutputGuard(self.handed)
 
     def staged(self, args: list[Any]) -> list[Any]:
         """The plan's inputs: the caller's tensors read in place, the buffers for the copied ones."""
