@@ -162,6 +162,8 @@ def test_updates_stored_in_place_only_where_no_later_reader(in_place: bool, conf
             torch.testing.assert_close(model.ema, eager.ema, rtol=1e-6, atol=1e-6, msg=lambda m, k=k: f"call {k}: {m}")
             torch.testing.assert_close(model.seen, eager.seen, rtol=1e-6, atol=1e-6, msg=lambda m, k=k: f"call {k}: {m}")
     exe = _last_plan(0)
+    graph = backend_module.compiled_graphs[-1]
+    assert f"inputs updated in place: 2 ({1 if in_place else 0} stored" in graph.explain(source=False)
     assert len(exe.graph.writebacks) == 2
     stored = {exe.graph.outputs[i].name for (i, _), k in zip(exe.graph.writebacks, range(2), strict=True)}
     assert exe.stored_in_place == (1 if in_place else 0), (exe.stored_in_place, stored)

@@ -120,6 +120,15 @@ def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
     return "\n".join(out)
 
 
+def _writeback_lines(compiled: CompiledGraph) -> list[str]:
+    """Inputs the graph updates in place (runtime/writeback.py), if any."""
+    exe = compiled.base
+    if not exe.graph.writebacks:
+        return []
+    return [f"inputs updated in place: {len(exe.graph.writebacks)} ({exe.stored_in_place} stored by the kernel "
+            f"computing the new value, {len(exe.writebacks)} copied over the input after the last kernel)"]
+
+
 def _compile_lines(compiled: CompiledGraph) -> list[str]:
     """How the plan was built and what it falls back to: capture path, stage times, kernels that
     did not compile, plans for other shapes, and the eager fallback if the plan failed."""
@@ -180,6 +189,7 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
             "Config.pdl=False" if not compiled.config.pdl else
             "needs a GPU of compute capability 9.0 or newer" if compiled.device.type == "cuda"
             else "not a CUDA device") + ")")
+    lines += _writeback_lines(compiled)
     if compiled.use_graphs:
         config = compiled.config
         outputs = ("outputs: the graph's own buffers, overwritten by the next call (reuse_outputs=True)"
