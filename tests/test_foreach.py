@@ -230,3 +230,32 @@ def test_an_input_updated_in_place_through_the_backend(config: streamfuse.Config
     assert plan.base.graph.writebacks
     if device.type == "cuda" and plan.graph_skip is None:  # the graph path ran wherever it pays
         assert plan.stats["graphs"] >= 1, plan.explain(source=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1",
+                    reason="generated kernels need a GPU or Triton's interpreter")
+def test_an_update_reading_a_transposed_view_is_not_stored_in_place(config: streamfuse.Config,
+                                                                    device: torch.device) -> None:
+    """w <- w + w.t() / 2 keeps w's shape, but each element reads another one's old value: stored in
+    place, a program could read an element another program had already overwritten."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("w", torch.randn(64, 64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.w.copy_(self.w + self.w.t() * 0.5 + x)
+            return x.sum()
+
+    torch._dynamo.reset()
+    model = Model().to(device)
+    eager = __import__("copy").deepcopy(model)
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        for k in range(3):
+            x = torch.randn(64, 64, device=device)
+            compiled(x)
+            eager(x)
+            torch.testing.assert_close(model.w, eager.w, rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"call {k}: {m}")
+    assert _last_plan(0).stored_in_place == 0

@@ -97,6 +97,12 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                 written.append((args[1], args[0]))
                 env[fx_node] = args[1]
                 continue
+            if target is aten.copy.default and isinstance(args[1], Node) and args[1].kind is not OpKind.INPUT \
+                    and _same_meta(args[0], args[1]):
+                # functional copy(dst, src) of the same shape and dtype is src's values: no copy kernel
+                # (`buf.copy_(expr)` functionalizes to copy_(buf, copy(buf, expr)))
+                env[fx_node] = args[1]
+                continue
             if target is operator.getitem and isinstance(args[0], (tuple, list)):
                 env[fx_node] = args[0][args[1]]  # a result of an op the converter lowered itself
                 continue

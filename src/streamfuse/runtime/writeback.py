@@ -46,9 +46,11 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
                 or not is_contiguous_meta(dst) or tuple(part.shape) != tuple(src.shape):
             continue
         views = _views_of(dst, graph)
-        inside = [u for v in views for u in v.users if owner.get(u) == gi]
-        if any(v is not dst for v in views if owner.get(v) == gi) or \
-                any(u not in part.nodes or u.shape != dst.shape for u in inside):
+        # inside the kernel, only direct reads of the input at the element being written: a view
+        # (a transpose of a square parameter keeps the shape) reads other programs' elements
+        if any(owner.get(u) == gi for v in views if v is not dst for u in (v, *v.users)):
+            continue
+        if any(u not in part.nodes or u.shape != dst.shape for u in dst.users if owner.get(u) == gi):
             continue
         readers = {owner[u] for v in views for u in v.users if u in owner and owner[u] != gi
                    and plan.groups[owner[u]].kind is not GroupKind.ALIAS}
