@@ -166,7 +166,7 @@ class Config:
     store_in_place: bool = True
     """An input the graph updates in place (an optimizer's parameters and states, through the
     torch.compile backend) is written by the kernel that computes its new value, where nothing can
-    read the old value afterwards (runtime/executable.store_in_place); False copies every update
+    read the old value afterwards (runtime/writeback.py); False copies every update
     over its input at the end of the call."""
     reuse_outputs: bool = False
     """True returns the graph's own output buffers (zero-copy), overwritten by the next call;

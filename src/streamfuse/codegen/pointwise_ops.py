@@ -8,7 +8,6 @@ the result, in the node's compute dtype (see types.compute_dtype).
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any

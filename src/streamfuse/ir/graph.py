@@ -116,6 +116,12 @@ class Graph:
                 a.users.append(n)
 
     @property
+    def written_inputs(self) -> list[int]:
+        """Positions in `inputs` of the inputs a writeback updates (the others update constants)."""
+        written = {id(dst) for _, dst in self.writebacks}
+        return [i for i, n in enumerate(self.inputs) if id(n) in written]
+
+    @property
     def user_outputs(self) -> int:
         """How many outputs the caller sees (the rest are written back into inputs)."""
         return len(self.outputs) - len(self.writebacks)

@@ -447,8 +447,7 @@ def graph_skip_reason(exe: Executable) -> str | None:
     visible = [o for o in exe.graph.outputs[: exe.graph.user_outputs] if isinstance(o, Node)]
     if not exe.config.reuse_outputs:
         tensors += visible
-    written = {id(dst) for _, dst in exe.graph.writebacks}
-    tensors += [n for n in exe.graph.inputs if id(n) in written]  # copied back to the caller after the replay
+    tensors += [exe.graph.inputs[i] for i in exe.graph.written_inputs]  # copied back to the caller after the replay
     copy_bytes = sum(n.numel * n.itemsize for n in tensors)
     inputs_in = input_copy_us(len(exe.graph.inputs), exe.config.input_copy_node)
     outputs = 0 if exe.config.reuse_outputs else len(visible)

@@ -7,10 +7,9 @@ plan fusion -> generate kernels -> assign streams -> tune tiles -> lay out steps
 from __future__ import annotations
 
 import contextlib
-
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import networkx as nx
@@ -150,8 +149,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     exe.ceilings = ceilings
     exe.conv_layouts = conv_layouts
     exe.rng = rng
-    exe.writebacks = [w for k, w in enumerate(exe.writebacks) if k not in in_place]
-    exe.stored_in_place = len(in_place)
+    exe.use_in_place(in_place)
     if rng is not None and (rng.offset_tensor is None or rng.offset_tensor.device != device):
         rng.offset_tensor = torch.zeros(1, dtype=torch.int64, device=device)
     exe.sm_count = sm_count
@@ -284,12 +282,12 @@ class Executable:
         missing = [dst.name for _, dst in graph.writebacks if dst not in self.slot]
         if missing:
             raise ValueError(f"inputs written in place are not in the plan: {missing}")
-        self.writebacks = [(i, self.slot[dst]) for i, dst in graph.writebacks]
-        self.all_writebacks = list(self.writebacks)
-        """(output index, slot): outputs copied into inputs at the end of every call (Graph.writebacks),
-        less those a kernel stores in place (store_in_place)."""
-        self.stored_in_place = 0
-        """Writebacks a generated kernel stores straight into the input (no copy at the end)."""
+        self.in_place: frozenset[int] = frozenset()
+        """Indices into graph.writebacks that a generated kernel stores straight into the input
+        (runtime/writeback.store_in_place): no copy at the end of the call."""
+        self.writebacks: list[tuple[int, int]] = []
+        """(output index, slot): the other writebacks, copied into their inputs at the end of every call."""
+        self.use_in_place(frozenset())
         multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
         self.stream_runner = StreamRunner(self, schedule, device) if multi else None
 
@@ -346,8 +344,18 @@ class Executable:
                 checked[i] = t.contiguous()  # documented copy: the plan was traced with a contiguous input
         return checked
 
+    def use_in_place(self, indices: set[int] | frozenset[int]) -> None:
+        """Writebacks `indices` are stored in place by their kernels; the others are copied."""
+        self.in_place = frozenset(indices)
+        self.writebacks = [(i, self.slot[dst]) for k, (i, dst) in enumerate(self.graph.writebacks)
+                           if k not in self.in_place]
+
+    @property
+    def stored_in_place(self) -> int:
+        return len(self.in_place)
+
     def _no_copy_of_written(self, i: int, node: Node) -> None:
-        if any(dst is node for _, dst in self.graph.writebacks):
+        if i in self.graph.written_inputs:
             raise BadInput(f"input {i} ({node.name}) is updated in place by the graph and must be contiguous, "
                            "as when it was compiled: an update of a contiguous copy would be lost")
 
@@ -384,8 +392,7 @@ class Executable:
         """Runs inside leave the tensors the plan writes back into (Graph.writebacks) as they were:
         a CUDA graph's warm-up runs the plan for real, and an optimizer step or a running statistic
         applied twice at recording would be silently wrong."""
-        targets = [self.graph.constants[dst] if dst in self.graph.constants else inputs[self.graph.inputs.index(dst)]
-                   for _, dst in self.graph.writebacks]
+        targets = self._written_tensors(inputs, range(len(self.graph.writebacks)))
         saved = [t.clone() for t in targets]
         try:
             yield
@@ -401,17 +408,22 @@ class Executable:
         if not self.stored_in_place:
             yield
             return
-        copied = set(self.writebacks)
-        in_place = [dst for w, (_, dst) in zip(self.all_writebacks, self.graph.writebacks, strict=True)
-                    if w not in copied]
-        targets = [self.graph.constants[d] if d in self.graph.constants else inputs[self.graph.inputs.index(d)]
-                   for d in in_place]
+        targets = self._written_tensors(inputs, sorted(self.in_place))
         saved = [t.clone() for t in targets]
         try:
             yield
         except BaseException:
             torch._foreach_copy_(targets, saved)
             raise
+
+    def _written_tensors(self, inputs: Sequence[Any], indices: Iterable[int]) -> list[torch.Tensor]:
+        """The tensors writebacks `indices` update: a constant, or the input passed in `inputs`."""
+        out = []
+        for k in indices:
+            dst = self.graph.writebacks[k][1]
+            out.append(self.graph.constants[dst] if dst in self.graph.constants
+                       else inputs[next(i for i, n in enumerate(self.graph.inputs) if n is dst)])
+        return out
 
     def draws_on_host(self) -> bool:
         """Some random numbers come from the host-side offset (an ATen step drawing them, or a kernel

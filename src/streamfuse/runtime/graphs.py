@@ -114,8 +114,7 @@ class GraphRunner:
         self.batch_slices = list(batch_slices)[: exe.graph.user_outputs]
         self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
-        written = {id(dst) for _, dst in exe.graph.writebacks}
-        self.written = [i for i, n in enumerate(exe.graph.inputs) if id(n) in written]
+        self.written = exe.graph.written_inputs
         """Inputs the graph updates in place (Graph.writebacks; a static KV cache passed as an input):
         the graph updates its static copy, and each call copies that back into the caller's tensor."""
         self.copy_node_failure: str | None = None

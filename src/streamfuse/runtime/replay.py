@@ -280,7 +280,7 @@ class ReplayGraph:
         if previous is None:
             return None
         graph = self.compiled.base.graph
-        written = {graph.inputs.index(dst) for _, dst in graph.writebacks if dst in graph.inputs}
+        written = set(graph.written_inputs)
         pinned = [not is_dense(a) or (p == q and (i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
                   for i, (a, p, q) in enumerate(zip(args, ptrs, previous, strict=True))]
         stable, self._pinned = pinned == self._pinned, pinned
@@ -291,8 +291,9 @@ class ReplayGraph:
             return None
         if any(not pinned[i] for i in written):
             # the graph's copy of such an input would take the update, not the caller's tensor
-            return None if self.calls < RECORD_BY_CALL else self._give_up("an input written in place (a running "
-                                                                          "statistic) moves between calls")
+            if self.calls >= RECORD_BY_CALL:
+                self.reason = "an input written in place (a running statistic) moves between calls"
+            return None
         try:
             self.graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs)
         except Exception as exc:  # noqa: BLE001 - a capture failure leaves the step-by-step path
@@ -306,10 +307,6 @@ class ReplayGraph:
         stats.history.append(f"call {self.calls}: recorded, {sum(pinned)} of {len(args)} inputs read in place")
         stats.replays += 1
         return self.graph.replay(args)
-
-    def _give_up(self, reason: str) -> None:
-        self.reason = reason
-        return None
 
     @property
     def stats(self) -> dict[str, Any]:

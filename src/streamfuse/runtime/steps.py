@@ -165,7 +165,7 @@ class KernelStep:
     failure: str | None = None
     out_into: dict[int, int] = field(default_factory=dict)
     """Output position -> slot of the input it is stored into, in place (an optimizer's parameter:
-    runtime/executable.store_in_place proved nothing reads the old value afterwards)."""
+    runtime/writeback.store_in_place proved nothing reads the old value afterwards)."""
     _compiled: dict[tuple, Any] = field(default_factory=dict)
 
     def run(self, env: Env) -> None:

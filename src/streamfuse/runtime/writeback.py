@@ -9,11 +9,14 @@ value, it can store it straight into the input instead (store_in_place), and the
 
 from __future__ import annotations
 
-from streamfuse.fusion.groups import Group, GroupKind, Plan
+import networkx as nx
+
+from streamfuse.fusion.groups import GroupKind, Plan
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import is_contiguous_meta
 from streamfuse.ir.ops import OpKind
 from streamfuse.runtime.steps import KernelStep, Step
+from streamfuse.schedule.plan import launch_predecessors
 
 
 def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node, int]) -> set[int]:
@@ -30,6 +33,10 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
       schedule (streams included) runs it first;
     - the value is not also a result the caller sees."""
     owner = {n: i for i, g in enumerate(plan.groups) for n in g.nodes}
+    index = {g.id: i for i, g in enumerate(plan.groups)}
+    preds = launch_predecessors(plan.groups, plan.group_of())  # the stream scheduler's dependencies
+    dag = nx.DiGraph([(index[p], index[g.id]) for g in plan.groups for p in preds[g.id]])
+    dag.add_nodes_from(range(len(plan.groups)))
     visible = set(map(id, graph.outputs[: graph.user_outputs]))
     done: set[int] = set()
     for k, (index, dst) in enumerate(graph.writebacks):
@@ -45,7 +52,7 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
         if part is None or src.shape != dst.shape or src.dtype != dst.dtype or src.strides != dst.strides \
                 or not is_contiguous_meta(dst) or tuple(part.shape) != tuple(src.shape):
             continue
-        views = _views_of(dst, graph)
+        views = _views_of(dst)
         # inside the kernel, only direct reads of the input at the element being written: a view
         # (a transpose of a square parameter keeps the shape) reads other programs' elements
         if any(owner.get(u) == gi for v in views if v is not dst for u in (v, *v.users)):
@@ -54,15 +61,14 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
             continue
         readers = {owner[u] for v in views for u in v.users if u in owner and owner[u] != gi
                    and plan.groups[owner[u]].kind is not GroupKind.ALIAS}
-        ancestors = _ancestor_groups(group, owner)
-        if not readers <= ancestors:
+        if not readers <= nx.ancestors(dag, gi):
             continue
         step.out_into[step.source.outputs.index(src)] = slot[dst]
         done.add(k)
     return done
 
 
-def _views_of(node: Node, graph: Graph) -> list[Node]:
+def _views_of(node: Node) -> list[Node]:
     """`node` and every view or alias taken of it, transitively."""
     found, stack = [node], [node]
     while stack:
@@ -72,21 +78,3 @@ def _views_of(node: Node, graph: Graph) -> list[Node]:
                     found.append(u)
                     stack.append(u)
     return found
-
-
-def _ancestor_groups(group: Group, owner: dict[Node, int]) -> set[int]:
-    """Indices of the groups `group` depends on, transitively."""
-    seen: set[Node] = set()
-    stack = [a for n in group.nodes for a in n.input_nodes() if a not in group.nodes]
-    groups: set[int] = set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in owner:
-            groups.add(owner[n])
-        stack.extend(n.input_nodes())
-    return groups
-
-
