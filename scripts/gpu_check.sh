@@ -42,7 +42,7 @@ step() {  # name, time limit in seconds, command...
   echo "   exit $? in $((SECONDS - t0)) s ($(wc -l < "$OUT/$name.txt") lines in $OUT/$name.txt)"
 }
 step tests 420 python3 -m pytest -q -n 16 -W ignore -p no:logging --tb=line tests
-step replay 150 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_replay.py tests/test_training.py \
+step replay 150 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_replay.py tests/test_training.py tests/test_api.py \
   tests/test_foreach.py tests/test_dropout.py
 step epilogue 150 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
 step streams 320 python3 benchmarks/streams_graphs.py --out "$OUT/streams"

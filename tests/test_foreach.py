@@ -64,10 +64,24 @@ OPTIMIZERS = {
 def _params(device: torch.device) -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(0)
     shapes = [(64, 32), (32,), (16, 16, 3), (7,)] * 3
-    params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in shapes]
+    # the (7,) ones start at zero, as biases do: all they hold is the updates, so an error in the
+    # update (Adam's bias corrections) is their relative error, undiluted
+    params = [torch.nn.Parameter((torch.randn(s, generator=gen) * (len(s) > 1 or s[0] != 7)).to(device))
+              for s in shapes]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen).to(device)
     return params
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+
+
+def plan_is_generated(first: int) -> bool:
+    """The step's plan runs generated kernels (the GPU, or Triton's interpreter), not ATen's float32."""
+    graphs = [g for g in backend_module.compiled_graphs[first:] if g is not None]
+    plan = getattr(graphs[-1], "compiled", None) or getattr(graphs[-1], "_fallback", None) if graphs else None
+    return plan is not None and getattr(plan, "executor", None) == "triton"
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
@@ -85,14 +99,22 @@ def test_optimizer_step_through_the_backend_updates_in_place_like_eager(name: st
         step()
         opt_ref.step()
         for i, (p, r) in enumerate(zip(params, ref, strict=True)):
-            # a few float32 ulps: the compiled step computes its bias corrections in float32 tensors
-            # (eager in Python floats), as Inductor's does (benchmarks/optimizer.py)
+            # issue 16: within 1e-6 relative of eager. The traced step computes Adam's bias corrections
+            # in tensors (eager: Python floats); generated kernels compute such single-value chains in
+            # float64 (codegen/pointwise_ops.single_value_float64): in float32, 1 - beta2 ** step
+            # cancels to ~2e-6 here (the zero-initialized parameters), as Inductor's does
+            exact = plan_is_generated(first)
             torch.testing.assert_close(p, r, rtol=1e-5, atol=1e-6, msg=lambda m, i=i, k=k: f"step {k}, param {i}: {m}")
+            if exact:
+                assert _rel(p, r) <= 1e-6, f"step {k}, param {i}: relative error {_rel(p, r):.2e}"
             for key, value in opt_ref.state[r].items():
                 # the compiled step keeps Adam's step count on the parameters' device (torch.compile makes
                 # optimizers capturable), eager on the CPU
-                torch.testing.assert_close(opt.state[p][key].to(value.device), value, rtol=1e-5, atol=1e-6,
+                got = opt.state[p][key].to(value.device)
+                torch.testing.assert_close(got, value, rtol=1e-5, atol=1e-6,
                                            msg=lambda m, i=i, key=key: f"state {key} of param {i}: {m}")
+                if exact:
+                    assert _rel(got, value) <= 1e-6, f"step {k}, state {key} of param {i}: {_rel(got, value):.2e}"
     graphs = backend_module.compiled_graphs[first:]
     assert graphs, "the step was not compiled through the backend"
     plan = graphs[-1].compiled if hasattr(graphs[-1], "compiled") else graphs[-1]

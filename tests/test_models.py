@@ -206,11 +206,11 @@ def test_greedy_generation_through_the_backend_gives_eager_tokens(name: str, cac
     try:
         with torch.no_grad():
             out = hf.generate(ids, **kwargs)
+        graphs = backend_module.compiled_graphs[first:]  # held weakly: read before the reset frees them
     finally:
         hf.forward = forward
         torch._dynamo.reset()
     assert out.shape == (2, 11) and torch.equal(out, ref)
-    graphs = backend_module.compiled_graphs[first:]
     assert graphs and not any(isinstance(g, backend_module.EagerGraph) for g in graphs)
     if cache == "static":
         assert len(graphs) == 2 and all(isinstance(g, backend_module.StaticParamsGraph) for g in graphs)

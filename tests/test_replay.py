@@ -108,6 +108,35 @@ def test_standard_loop_replays_forward_and_backward(build: Callable[[], nn.Modul
         assert g.replay_stats.held == 0 and g.replay_stats.moved == 0, g.explain(source=False)
 
 
+def test_replayed_gradients_are_adopted_not_cloned(config: streamfuse.Config, device: torch.device) -> None:
+    """After a replayed backward each p.grad is the graph's gradient buffer itself (autograd adopts
+    a gradient no one else references; a clone would cost one more copy of the parameters), and a
+    kept p.grad keeps the next backward from replaying over it (accumulation stays right)."""
+    model, eager, compiled = _pair(_MLP, config, device)
+    first = len(backend_module.compiled_graphs)
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(8, 32, generator=gen).to(device), torch.randint(0, 10, (8,), generator=gen).to(device))
+               for _ in range(9)]
+    for step, (x, y) in enumerate(batches):
+        for m in (model, eager):
+            m.zero_grad(set_to_none=True)
+        _ce(compiled, x, y).backward()
+        _ce(eager, x, y).backward()
+        _compare_params(step, model, eager, grads=True)
+    backward = _replays(first)["backward"]
+    assert backward.graph is not None and backward.replay_stats.replays >= 3, backward.explain(source=False)
+    buffers = {o.value.untyped_storage().data_ptr() for o in backward.graph.outputs if o.kind == "pool"}
+    adopted = [name for name, p in model.named_parameters() if p.grad.untyped_storage().data_ptr() in buffers]
+    assert adopted == [name for name, _ in model.named_parameters()], (adopted, backward.explain(source=False))
+    # gradients kept (no zero_grad): the next backward must accumulate into them, not replay over them
+    replays = backward.replay_stats.replays
+    x, y = batches[0]
+    _ce(compiled, x, y).backward()
+    _ce(eager, x, y).backward()
+    _compare_params(9, model, eager, grads=True)
+    assert backward.replay_stats.replays == replays and backward.replay_stats.held == 1, backward.explain(source=False)
+
+
 def _compare_params(step: int, model: nn.Module, eager: nn.Module, grads: bool) -> None:
     for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
         if grads:

@@ -425,7 +425,7 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
                 row.modes[mode] = run_mode(mode, workload, device, mode_config, ref, to_profile, gaps=gaps, reps=reps,
                                            warm_compile=cold_root is not None)
             ref = None
-            del compiled_graphs[first_graph:]  # the bench's graphs: let their models go with the workload
+            # (the registry holds graphs weakly: they go with their workload)
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -17,9 +17,11 @@ Three things keep this path from ever failing where eager runs:
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -34,9 +36,38 @@ from streamfuse.runtime.executable import graph_device
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.replay import ReplayGraph
 
-compiled_graphs: list[Any] = []
-"""What the backend compiled in this process, newest last (CompiledGraph, SymbolicGraph or
-EagerGraph; for explain and tests)."""
+class _Registry:
+    """What the backend compiled in this process, newest last, held weakly: an entry reads None once
+    its graph is gone (torch._dynamo.reset(), the compiled model deleted). A graph holds its CUDA
+    graphs' pools and the buffers they hand out (a training forward's saved activations): a strong
+    list kept every graph and its memory alive for the life of the process (run 63: the training
+    benchmark's steady-state peak included the gradient check's graphs, about 2x eager's)."""
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref[Any]] = []
+
+    def append(self, graph: Any) -> None:
+        self._refs.append(weakref.ref(graph))
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [r() for r in self._refs[index]]
+        return self._refs[index]()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self[:])
+
+
+compiled_graphs = _Registry()
+"""What the backend compiled in this process, newest last (CompiledGraph, ReplayGraph,
+StaticParamsGraph, SymbolicGraph or EagerGraph; None once collected): for explain and tests."""
 
 
 def _is_symbolic(gm: torch.fx.GraphModule) -> bool:
@@ -82,9 +113,10 @@ class SymbolicGraph:
         self.config = config
         self.training = training
         """A training graph's role: each concrete plan replays CUDA graphs reading inputs in place."""
-        self.static = list(static or [])
-        """AOTAutograd's static inputs (parameters, buffers) of an inference graph: each concrete plan
-        binds them at its first call (StaticParamsGraph), so it replays CUDA graphs."""
+        self.static = static
+        """AOTAutograd's static inputs (parameters, buffers) of an inference graph, possibly none: each
+        concrete plan binds them at its first call (StaticParamsGraph), so it replays CUDA graphs.
+        None for a training graph, or with Config.backend_cuda_graphs off."""
         self.plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self.built = 0
         """Plans built so far (evicted ones included): the number of compilations."""
@@ -128,9 +160,8 @@ class SymbolicGraph:
         except Exception as exc:  # noqa: BLE001 - trace failure: this signature runs eagerly
             return _TensorArgs(EagerGraph(self.gm, f"tracing at concrete sizes failed: {failure_text(exc)}"),
                                args, tensor_at)
-        static = [tensor_at.index(i) for i in self.static if i in tensor_at]
-        if static:
-            return StaticParamsGraph(traced, self.config, static)
+        if self.static is not None:
+            return StaticParamsGraph(traced, self.config, [tensor_at.index(i) for i in self.static if i in tensor_at])
         return training_graph(compile_graph(traced, tensors, self.config), self.training)
 
     def explain(self, source: bool = True) -> str:
@@ -227,8 +258,10 @@ class StaticParamsGraph:
             why = self.reason or "not yet called"
             rest = self._fallback.explain(source) if self._fallback is not None else ""
             return f"inference graph, parameters passed on every call ({why})\n" + rest
-        return (f"inference graph with {len(self.static)} parameters and buffers bound as constants at its first "
-                "call (CUDA graphs copy in only the other inputs)\n" + self.compiled.explain(source))
+        bound = (f"{len(self.static)} parameters and buffers bound as constants at its first call (CUDA graphs "
+                 "copy in only the other inputs)" if self.static else "no parameters or buffers (CUDA graphs copy in "
+                 "its inputs)")
+        return f"inference graph with {bound}\n" + self.compiled.explain(source)
 
 
 def _static_inputs() -> list[int]:
@@ -271,10 +304,13 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         static = _static_inputs() if inference and config.backend_cuda_graphs else []
         training = _training_role(role) if not inference and config.backend_cuda_graphs else None
         compiled: Any
+        bind = inference and config.backend_cuda_graphs
         if _is_symbolic(gm):
-            compiled = SymbolicGraph(gm, config, static, training)
-        elif static:
-            compiled = StaticParamsGraph(gm, config, static)  # builds its plan at the first real call
+            compiled = SymbolicGraph(gm, config, static if bind else None, training)
+        elif bind:
+            # builds its plan at the first real call; with no parameters (an optimizer's step over
+            # inputs only, a function of its arguments) it still replays CUDA graphs
+            compiled = StaticParamsGraph(gm, config, static)
         else:
             compiled = training_graph(compile_graph(gm, example_inputs, config), training)
         compiled_graphs.append(compiled)

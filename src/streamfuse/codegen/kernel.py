@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from streamfuse.codegen.pointwise_ops import Operand, cast, emit_pointwise
+from streamfuse.codegen.pointwise_ops import Operand, cast, emit_pointwise, single_value_float64
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
 from streamfuse.fusion.geometry import pointwise_launch, reduction_launch
@@ -346,7 +346,8 @@ class Emitter:
             args = [self.value(a, broadcast_index(index, a.shape, node.shape)) if isinstance(a, Node) else a
                     for a in node.args]
             assert node.dtype is not None
-            result = self.tmp(emit_pointwise(node, args, self.target), compute_dtype(node.dtype))
+            wide = torch.float64 if single_value_float64(node) else compute_dtype(node.dtype)
+            result = self.tmp(emit_pointwise(node, args, self.target, wide), wide)
         self.cache[key] = result
         return result
 

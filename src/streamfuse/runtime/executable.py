@@ -337,6 +337,10 @@ class Executable:
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
             if (not isinstance(t, torch.Tensor) or t.shape != node.shape or t.dtype != node.dtype
                     or t.device != self.device):
+                if isinstance(t, torch.Tensor) and host_scalar(t, self.device) and t.dtype == node.dtype:
+                    checked = list(checked) if checked is inputs else checked
+                    checked[i] = t.to(self.device)
+                    continue
                 raise_bad_input(i, t, node, self.device, names)
             if not t.is_contiguous() and is_contiguous_meta(node):
                 self._no_copy_of_written(i, node)
@@ -440,6 +444,14 @@ class Executable:
     @property
     def launches(self) -> int:
         return sum(1 for g in self.plan.groups if g.kind is not GroupKind.ALIAS)
+
+
+def host_scalar(t: torch.Tensor, device: torch.device) -> bool:
+    """A 0-dim CPU tensor where a plan on a GPU expects a device tensor: SDPA's memory-efficient and
+    flash kernels return their Philox seed and offset on the host outside CUDA-graph capture (on
+    the device inside it; a fake-tensor trace records the device), and their backward takes either.
+    The plan's input is moved to the device (8 bytes)."""
+    return t.dim() == 0 and t.device.type == "cpu" and device.type != "cpu"
 
 
 class BadInput(ValueError):

@@ -18,6 +18,10 @@ Outputs:
   right after capture): a forward called twice before its backward (two micro-batches, a module
   called twice in one step), a caller that keeps a gradient tensor, or `retain_graph` make the call
   run step by step instead, so saved activations or gradients are never overwritten while visible.
+  The backward's buffers go out as new tensors on their storage: autograd's accumulation adopts a
+  gradient tensor no one else references as `p.grad` (the graph's own tensor would be cloned: one
+  more copy of the parameters per step); `p.grad` then holds the storage, so the next backward
+  replays once `zero_grad()` has freed it (set_to_none, the default) and runs step by step otherwise.
 - an output that aliases an input read in place is rebuilt from the caller's tensor (no reference
   to it is kept: the forward's guard must see its saved activations freed after the backward);
   one that aliases a copied input's buffer (the batch, saved for the backward) is handed out like
@@ -46,6 +50,7 @@ from typing import Any
 import torch
 
 from streamfuse.runtime.compiled import CompiledGraph, _capturing, _settle_generators
+from streamfuse.runtime.executable import host_scalar
 from streamfuse.runtime.fallback import failure_text
 from streamfuse.runtime.graphs import OutputGuard
 
@@ -92,8 +97,13 @@ class _Output:
 class PinnedGraph:
     """One recorded CUDA graph of a plan whose `pinned` inputs are read in place."""
 
-    def __init__(self, compiled: CompiledGraph, args: list[Any], pinned: list[bool], copy_outputs: set[int]):
+    def __init__(self, compiled: CompiledGraph, args: list[Any], pinned: list[bool], copy_outputs: set[int],
+                 fresh_aliases: bool = False):
+        """`fresh_aliases`: hand out each buffer as a new tensor on its storage (the backward's
+        gradients: autograd's accumulation adopts a gradient no one else references, and clones one
+        that is referenced, as the graph's own tensor is)."""
         exe = compiled.base
+        self.fresh_aliases = fresh_aliases
         self.exe = exe
         self.pinned_at = [i for i, p in enumerate(pinned) if p]
         self.copied_at = [i for i, p in enumerate(pinned) if not p]
@@ -176,8 +186,13 @@ class PinnedGraph:
         # autograd function, which a caller may modify in place, as it may eager's
         copies = iter([o.value.clone() for o in self.outputs if o.kind == "copy"])
         result = []
+        fresh = self.fresh_aliases
         for o in self.outputs:
-            if o.kind == "pool" or o.kind == "fixed":
+            if o.kind == "pool":
+                # the alias holds the storage: the guard (storage use counts) keeps the next replay
+                # from writing while the caller (p.grad) holds it
+                result.append(o.value.detach() if fresh else o.value)
+            elif o.kind == "fixed":
                 result.append(o.value)
             elif o.kind == "copy":
                 result.append(next(copies))
@@ -269,7 +284,8 @@ class ReplayGraph:
     def _observe(self, args: list[Any]) -> list[Any] | None:
         """Track which inputs stay put; record once that set is stable. Returns the first replay's outputs."""
         device = self.compiled.device
-        if not all(isinstance(a, torch.Tensor) and a.device.type == device.type for a in args):
+        if not all(isinstance(a, torch.Tensor) and (a.device.type == device.type or host_scalar(a, device))
+                   for a in args):
             self.reason = f"an input is not a tensor on {device}"
             return None
         nodes = self.compiled.base.graph.inputs
@@ -281,7 +297,8 @@ class ReplayGraph:
             return None
         graph = self.compiled.base.graph
         written = set(graph.written_inputs)
-        pinned = [not is_dense(a) or (p == q and (i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
+        pinned = [not host_scalar(a, device) and (not is_dense(a) or (
+                      p == q and (i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES)))
                   for i, (a, p, q) in enumerate(zip(args, ptrs, previous, strict=True))]
         stable, self._pinned = pinned == self._pinned, pinned
         if not stable and self.calls < RECORD_BY_CALL:
@@ -295,7 +312,8 @@ class ReplayGraph:
                 self.reason = "an input written in place (a running statistic) moves between calls"
             return None
         try:
-            self.graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs)
+            self.graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs,
+                                     fresh_aliases=self.role == "backward")
         except Exception as exc:  # noqa: BLE001 - a capture failure leaves the step-by-step path
             self.reason = f"capture failed: {failure_text(exc)}"
             if self.compiled.device.type == "cuda":
