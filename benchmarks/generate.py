@@ -59,6 +59,26 @@ def generate(model: Any, ids: torch.Tensor, new_tokens: int, cache: str) -> torc
         return model.generate(ids, **kwargs)  # type: ignore[no-any-return]
 
 
+def _fresh_outputs(compiled: Any) -> Any:
+    """reduce-overhead's outputs live in its CUDA graphs' memory, overwritten by the next replay, and
+    generate() reads a step's outputs after the next step ran (run 64: "accessing tensor output of
+    CUDAGraphs that has been overwritten"). torch's documented remedy: mark each call a new step and
+    clone what the caller keeps."""
+    from torch.utils._pytree import tree_map
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        out = compiled(*args, **kwargs)
+        if hasattr(out, "logits"):  # a ModelOutput: clone its tensors in place of the graph's
+            for key, value in out.items():
+                if isinstance(value, torch.Tensor):
+                    out[key] = value.clone()
+            return out
+        return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, out)
+
+    return forward
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -75,7 +95,7 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
         if mode == "compile":
             model.forward = torch.compile(forward)
         elif mode == "compile-ro":
-            model.forward = torch.compile(forward, mode="reduce-overhead")
+            model.forward = _fresh_outputs(torch.compile(forward, mode="reduce-overhead"))
         elif mode == "streamfuse":
             model.forward = torch.compile(forward, backend=streamfuse.make_backend())
         start = time.perf_counter()

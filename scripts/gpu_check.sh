@@ -3,7 +3,7 @@
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
 #                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate] [training]
-#                       [training-vision] [training-text] [replay] [optimizer] [training-mix]
+#                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large]
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~20 min: more than one call may run, so split it, e.g. `tests` alone (runs 56 and 58
 #   did not finish it in 200 s; a call gets ~8 minutes after the machine starts), then `streams share`, then
@@ -21,7 +21,8 @@ if [ "${1:-}" = record ]; then
   for f in epilogue.txt streams.txt host.txt share.txt instances.txt launch.txt bench.txt tma.txt \
            bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt \
            generate.txt generate.json training.txt training.json training-vision.txt training-vision.json \
-           training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json; do
+           training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
+           shapes.txt shapes.json training-large.txt training-large.json; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -70,11 +71,17 @@ step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --json "$OUT/training-mix.json"
-step generate 400 python3 benchmarks/generate.py --json "$OUT/generate.json"
+step generate 250 python3 benchmarks/generate.py --json "$OUT/generate.json"
+# issue 17's shape sweep (session 16): 20 random (batch, length) pairs per text model, both entry
+# points, at most 60 s each (the pairs that ran are reported)
+step shapes 420 python3 benchmarks/shapes.py --budget-s 60 --json "$OUT/shapes.json"
 step training 500 python3 benchmarks/training.py --json "$OUT/training.json"
 # the training benchmark in two one-call halves (session 15): vision with the no-graph backend beside
 # (before/after of runtime/replay.py), then the text models
 step training-vision 330 python3 benchmarks/training.py --models resnet18,resnet50 --json "$OUT/training-vision.json"
+# resnet50 and GPT-2 (issue 16's other two workloads) beside training-mix's resnet18 and BERT (session 16)
+step training-large 300 python3 benchmarks/training.py --models resnet50,gpt2 --modes eager,compile,streamfuse \
+  --steps 10 --json "$OUT/training-large.json"
 step training-text 420 python3 benchmarks/training.py --models bert-base,gpt2 --modes eager,compile,streamfuse \
   --steps 10 --json "$OUT/training-text.json"
 step compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --peer && python3 benchmarks/compile_time.py --cache "$c"'
@@ -95,7 +102,8 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
 for f in models-a models-b models-c models-d models-e; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
-for f in training training-vision training-text training-mix; do [ -f "$OUT/$f.txt" ] && tail -14 "$OUT/$f.txt"; done
+[ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
+for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -14 "$OUT/$f.txt"; done
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"

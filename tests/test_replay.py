@@ -128,6 +128,8 @@ def test_replayed_gradients_are_adopted_not_cloned(config: streamfuse.Config, de
     buffers = {o.value.untyped_storage().data_ptr() for o in backward.graph.outputs if o.kind == "pool"}
     adopted = [name for name, p in model.named_parameters() if p.grad.untyped_storage().data_ptr() in buffers]
     assert adopted == [name for name, _ in model.named_parameters()], (adopted, backward.explain(source=False))
+    held = backward.graph.memory()  # what benchmarks/training.py reports: the gradients, once each
+    assert held["handed_out"] == sum(p.numel() * p.element_size() for p in model.parameters()), held
     # gradients kept (no zero_grad): the next backward must accumulate into them, not replay over them
     replays = backward.replay_stats.replays
     x, y = batches[0]

@@ -242,7 +242,7 @@ class StaticParamsGraph:
 
         try:
             graph = graph_from_fx(gm, {placeholders[i]: t for i, t in zip(self.static, bound, strict=True)})
-            self.compiled = build(graph, self.config, graph_device(graph, bound), eager=eager)
+            self.compiled = build(graph, self.config, graph_device(graph, args), eager=eager)
         except Exception as exc:  # noqa: BLE001 - the plan over every argument stays in use
             self.reason = f"binding the static inputs failed: {failure_text(exc)}"
             return

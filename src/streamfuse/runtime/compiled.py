@@ -23,7 +23,8 @@ import torch.utils._pytree as pytree
 from streamfuse.config import Config
 from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.runtime.executable import BadInput, Executable, InputMismatch, build_executable, raise_bad_input
+from streamfuse.runtime.executable import (BadInput, Executable, InputMismatch, build_executable, raise_bad_input,
+                                           scalars_to_device)
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graphs import GraphRunner
 
@@ -166,6 +167,8 @@ class CompiledGraph:
                    for t in (*inputs, *self.base.graph.constants.values()))
 
     def _call(self, inputs: tuple[Any, ...]) -> Any:
+        if self.base.scalar_inputs:
+            inputs = tuple(scalars_to_device(inputs, self.base.scalar_inputs, self.device))
         try:
             if self.use_graphs and self.graph_failure is None and not _capturing():
                 flat = self._replay(inputs)
@@ -198,6 +201,8 @@ class CompiledGraph:
         return self._run_flat(inputs)
 
     def _run_flat(self, inputs: list[Any]) -> list[Any]:
+        if self.base.scalar_inputs:
+            inputs = list(scalars_to_device(inputs, self.base.scalar_inputs, self.device))
         if self.config.check_inputs:
             inputs = self.base.check_inputs(inputs, self.call.input_names)
         flat = self.base.run(inputs)

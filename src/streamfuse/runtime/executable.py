@@ -48,10 +48,33 @@ def resolve_executor(config: Config, device: torch.device) -> str:
 
 
 def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
-    for t in list(example_inputs) + list(graph.constants.values()):
-        if isinstance(t, torch.Tensor):
-            return t.device
-    return torch.device("cpu")
+    """The device of the graph's tensors: the first accelerator among inputs and constants (0-dim
+    CPU tensors, such as SDPA's host Philox seed or a traced literal, come beside device tensors),
+    else the CPU."""
+    tensors = [t for t in list(example_inputs) + list(graph.constants.values()) if isinstance(t, torch.Tensor)]
+    return next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+
+
+def device_scalar(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A 0-dim CPU tensor's value on `device`, filled from the host (a fill kernel: a copy from
+    pageable memory would synchronize the stream)."""
+    return torch.full((), t.item(), dtype=t.dtype, device=device)
+
+
+def scalars_to_device(inputs: Sequence[Any], at: Sequence[int], device: torch.device) -> Sequence[Any]:
+    """`inputs` with each 0-dim CPU tensor at the positions `at` (the plan's 0-dim inputs) on `device`;
+    the same sequence when there is none. Such tensors arrive where a trace recorded a device tensor:
+    SDPA's memory-efficient and flash kernels return their Philox seed and offset on the host outside
+    CUDA-graph capture (on the device inside it, and a fake-tensor trace says the device), and their
+    backward takes either; transformers' generation passes 0-dim host integers (run 64). A generated
+    kernel cannot read host memory, and a CUDA graph cannot copy from it safely."""
+    moved: list[Any] | None = None
+    for i in at:
+        t = inputs[i]
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0:
+            moved = list(inputs) if moved is None else moved
+            moved[i] = device_scalar(t, device)
+    return inputs if moved is None else moved
 
 
 def move_cpu_scalars(graph: Graph, device: torch.device) -> None:
@@ -276,6 +299,11 @@ class Executable:
         self.rng: RngState | None = None
         """Dropout's random-number state: advanced once per call, so each call draws a fresh mask."""
         self.input_slots = [self.slot[n] for n in graph.inputs]
+        written = set(graph.written_inputs)
+        self.scalar_inputs = ([i for i, n in enumerate(graph.inputs) if not n.shape and i not in written]
+                              if device.type != "cpu" else [])
+        """Positions of the 0-dim inputs of a device plan that it reads only: a caller may pass them on
+        the host (scalars_to_device), and each call moves them (an input updated in place is never replaced)."""
         self.constants = [(self.slot[n], t) for n, t in graph.constants.items()]
         self.release = self.release_lists()
         self.out_slots = [self.slot[o] if isinstance(o, Node) else None for o in graph.outputs]
@@ -337,10 +365,6 @@ class Executable:
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
             if (not isinstance(t, torch.Tensor) or t.shape != node.shape or t.dtype != node.dtype
                     or t.device != self.device):
-                if isinstance(t, torch.Tensor) and host_scalar(t, self.device) and t.dtype == node.dtype:
-                    checked = list(checked) if checked is inputs else checked
-                    checked[i] = t.to(self.device)
-                    continue
                 raise_bad_input(i, t, node, self.device, names)
             if not t.is_contiguous() and is_contiguous_meta(node):
                 self._no_copy_of_written(i, node)
@@ -444,14 +468,6 @@ class Executable:
     @property
     def launches(self) -> int:
         return sum(1 for g in self.plan.groups if g.kind is not GroupKind.ALIAS)
-
-
-def host_scalar(t: torch.Tensor, device: torch.device) -> bool:
-    """A 0-dim CPU tensor where a plan on a GPU expects a device tensor: SDPA's memory-efficient and
-    flash kernels return their Philox seed and offset on the host outside CUDA-graph capture (on
-    the device inside it; a fake-tensor trace records the device), and their backward takes either.
-    The plan's input is moved to the device (8 bytes)."""
-    return t.dim() == 0 and t.device.type == "cpu" and device.type != "cpu"
 
 
 class BadInput(ValueError):

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 
 from streamfuse.runtime.compiled import CompiledGraph, _capturing, _settle_generators
-from streamfuse.runtime.executable import host_scalar
+from streamfuse.runtime.executable import scalars_to_device
 from streamfuse.runtime.fallback import failure_text
 from streamfuse.runtime.graphs import OutputGuard
 
@@ -124,6 +124,19 @@ class PinnedGraph:
         # baseline is the idle state
         self.handed = [o.value for o in self.outputs if o.kind == "pool"]
         self.guard = OutputGuard(self.handed)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this graph keeps between calls, outside its pool's free blocks: the buffers it hands
+        out (saved activations or gradients; distinct storages), those it copies out of on every
+        replay, and the static buffers of its copied inputs."""
+        def total(tensors: list[torch.Tensor]) -> int:
+            storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+            return sum(storages.values())
+
+        return {"handed_out": total([o.value for o in self.outputs if o.kind == "pool"]),
+                "copied_out": total([o.value for o in self.outputs if o.kind == "copy"]),
+                "input_buffers": total(self.buffers), "inputs_read_in_place": len(self.pinned_at),
+                "inputs_copied": len(self.copied_at)}
 
     def staged(self, args: list[Any]) -> list[Any]:
         """The plan's inputs: the caller's tensors read in place, the buffers for the copied ones."""
@@ -257,6 +270,8 @@ class ReplayGraph:
 
     def run_flat(self, args: list[Any]) -> list[Any]:
         self.calls += 1
+        if self.compiled.base.scalar_inputs:  # SDPA's host Philox seed and offset (executable.scalars_to_device)
+            args = list(scalars_to_device(args, self.compiled.base.scalar_inputs, self.compiled.device))
         stats = self.replay_stats
         graph = self.graph
         if graph is not None and not _capturing():
@@ -284,8 +299,7 @@ class ReplayGraph:
     def _observe(self, args: list[Any]) -> list[Any] | None:
         """Track which inputs stay put; record once that set is stable. Returns the first replay's outputs."""
         device = self.compiled.device
-        if not all(isinstance(a, torch.Tensor) and (a.device.type == device.type or host_scalar(a, device))
-                   for a in args):
+        if not all(isinstance(a, torch.Tensor) and a.device.type == device.type for a in args):
             self.reason = f"an input is not a tensor on {device}"
             return None
         nodes = self.compiled.base.graph.inputs
@@ -297,8 +311,7 @@ class ReplayGraph:
             return None
         graph = self.compiled.base.graph
         written = set(graph.written_inputs)
-        pinned = [not host_scalar(a, device) and (not is_dense(a) or (
-                      p == q and (i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES)))
+        pinned = [not is_dense(a) or (p == q and (i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
                   for i, (a, p, q) in enumerate(zip(args, ptrs, previous, strict=True))]
         stable, self._pinned = pinned == self._pinned, pinned
         if not stable and self.calls < RECORD_BY_CALL:
