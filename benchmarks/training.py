@@ -243,6 +243,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
             if mode == "streamfuse":
                 result["graph_memory"] = graph_memory()
+                result["graph_history"] = graph_history()
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
         result["error"] = failure_text(exc)
     finally:
@@ -266,6 +267,14 @@ def graph_memory() -> list[dict[str, Any]]:
     return rows
 
 
+def graph_history() -> list[str]:
+    """Each live training graph's replay summary and history (records, moves, re-observations)."""
+    from streamfuse.capture.backend import compiled_graphs
+    from streamfuse.runtime.replay import ReplayGraph
+
+    return [g.explain(source=False).split("\nstreamfuse plan")[0] for g in compiled_graphs if isinstance(g, ReplayGraph)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet18,resnet50,bert-base,gpt2")
@@ -273,6 +282,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tiny", action="store_true", help="one-layer text configs, short sequences (CPU smoke test)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--history", action="store_true", help="print each backend training graph's replay history")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -311,6 +321,8 @@ def main() -> int:
                      f"{r['first_step_s']:10.1f}" if "first_step_s" in r else f"{'-':>10}"]
             print(f"{w.name:<24} {r['mode']:<11} " + " ".join(cells)
                   + (f"  FAILED: {r['error']}" if "error" in r else ""))
+            for text in r.get("graph_history", []) if args.history else []:
+                print("\n".join(f"{'':<24}   {line}" for line in text.splitlines()[:12]))
             for g in r.get("graph_memory", []):
                 print(f"{'':<24}   {g['role']} graph keeps {g['handed_out']:.0f} MiB handed out, {g['copied_out']:.0f} "
                       f"MiB copied out, {g['input_buffers']:.0f} MiB of input buffers ({g['inputs_read_in_place']} "

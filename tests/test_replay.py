@@ -139,6 +139,33 @@ def test_replayed_gradients_are_adopted_not_cloned(config: streamfuse.Config, de
     assert backward.replay_stats.replays == replays and backward.replay_stats.held == 1, backward.explain(source=False)
 
 
+def test_the_incoming_gradient_is_copied_even_when_large(config: streamfuse.Config, device: torch.device) -> None:
+    """The backward's incoming gradients (AOTAutograd's tangents) are fresh tensors on most calls, so
+    they are copied into the graph whatever their size, never read in place: here one 80 KiB
+    gradient tensor is passed for five steps (as the allocator may hand a loss's gradient the same
+    block), then a new one each step; read in place, it would move and cost the replays (run 66)."""
+    model, eager, compiled = _pair(_MLP, config, device)
+    first = len(backend_module.compiled_graphs)
+    gen = torch.Generator().manual_seed(6)
+    same = torch.randn(2048, 10, generator=gen).to(device)
+    kept = []
+    for step in range(10):
+        x = torch.randn(2048, 32, generator=gen).to(device)
+        g = same if step < 5 else torch.randn(2048, 10, generator=gen).to(device)
+        kept.append(g)  # every later gradient at an address of its own
+        for m in (model, eager):
+            m.zero_grad(set_to_none=True)
+        compiled(x).backward(g)
+        eager(x).backward(g)
+        _compare_params(step, model, eager, grads=True)
+    backward = _replays(first)["backward"]
+    assert backward.graph is not None, backward.explain(source=False)
+    names = [n.name for n in backward.compiled.base.graph.inputs]
+    tangents = [i for i, name in enumerate(names) if name.startswith("tangents_")]
+    assert tangents and not set(tangents) & set(backward.graph.pinned_at), (names, backward.graph.pinned_at)
+    assert backward.replay_stats.moved == 0 and backward.replay_stats.replays >= 3, backward.explain(source=False)
+
+
 def _compare_params(step: int, model: nn.Module, eager: nn.Module, grads: bool) -> None:
     for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
         if grads:
@@ -223,6 +250,7 @@ def test_a_batch_that_moves(config: streamfuse.Config, device: torch.device) -> 
         opt_e.step()
     forward = _replays(first)["forward"]
     assert forward.replay_stats.moved > 0, forward.explain(source=False)
+    assert any("observed again" in h and "(1: %" in h for h in forward.replay_stats.history), forward.replay_stats.history
     assert forward.replay_stats.recordings >= 2, forward.explain(source=False)
 
 

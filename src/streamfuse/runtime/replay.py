@@ -59,6 +59,11 @@ SMALL_INPUT_BYTES = 1 << 16
 or a label tensor lands at the same address two calls in a row by chance and moves the next (run
 61), and copying them costs next to nothing. Inputs the graph writes back into are read in place
 whatever their size (the update must reach the caller's tensor)."""
+FRESH_INPUT_PREFIX = "tangents_"
+"""AOTAutograd's name for the backward's incoming gradients (the loss's gradient of the logits):
+autograd allocates them anew on every call, so an address that repeated is chance, and they are
+always copied (run 66: resnet50's 128 KB logits gradient sat at one address for two calls, was
+read in place, then moved: the backward recorded again and ran 10 of 12 calls step by step)."""
 RECORD_BY_CALL = 6
 """Record at this call even if the inputs read in place still changed at the previous one."""
 MISSES_BEFORE_RERECORD = 3
@@ -184,6 +189,11 @@ class PinnedGraph:
                 result.append(_Output("pool", value=o))
         return result
 
+    def moved(self, args: list[Any]) -> list[int]:
+        """The inputs read in place that are not where the graph reads them (for explain)."""
+        return [i for i, (ptr, stride) in zip(self.pinned_at, self.where, strict=True)
+                if args[i].data_ptr() != ptr or args[i].stride() != stride]
+
     def matches(self, args: list[Any]) -> bool:
         for i, (ptr, stride) in zip(self.pinned_at, self.where, strict=True):
             t = args[i]
@@ -279,8 +289,10 @@ class ReplayGraph:
                 stats.moved += 1
                 self._misses += 1
                 if self._misses >= MISSES_BEFORE_RERECORD and stats.recordings < MAX_RECORDINGS:
+                    names = [n.name for n in self.compiled.base.graph.inputs]
+                    moved = [f"%{names[i]} {tuple(args[i].shape)}" for i in graph.moved(args)]
                     stats.history.append(f"call {self.calls}: inputs read in place moved on {self._misses} calls "
-                                         "in a row; observed again")
+                                         f"in a row ({len(moved)}: {', '.join(moved[:4])}); observed again")
                     self.graph, self._ptrs, self._pinned, self._misses = None, None, None, 0
             elif graph.guard.held():
                 stats.held += 1
@@ -311,7 +323,8 @@ class ReplayGraph:
             return None
         graph = self.compiled.base.graph
         written = set(graph.written_inputs)
-        pinned = [not is_dense(a) or (p == q and (i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
+        pinned = [not is_dense(a) or (p == q and not nodes[i].name.startswith(FRESH_INPUT_PREFIX) and (
+                      i in written or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
                   for i, (a, p, q) in enumerate(zip(args, ptrs, previous, strict=True))]
         stable, self._pinned = pinned == self._pinned, pinned
         if not stable and self.calls < RECORD_BY_CALL:
