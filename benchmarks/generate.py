@@ -6,7 +6,8 @@ equal eager's (a mismatch is reported as a failure, not a speed).
     python benchmarks/generate.py [--model gpt2|llama] [--new-tokens 128] [--prompt 16]
                                   [--modes eager,compile,compile-ro,streamfuse] [--cache static|dynamic]
 
-`--cache static` (the default) is transformers' StaticCache (`cache_implementation="static"`), the
+Each mode runs in a process of its own (a crash in one is reported, not fatal to the others;
+`--in-process` runs them in one). `--cache static` (the default) is transformers' StaticCache (`cache_implementation="static"`), the
 setting transformers documents for torch.compile: fixed shapes, so one graph for the prefill and one
 for every decode step. `--cache dynamic` grows the cache by one token per step: Dynamo then hands
 the backend symbolic lengths, and streamfuse builds one plan per length (issue 17: slow until its
@@ -125,31 +126,39 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
     return result
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="gpt2")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--cache", default="static", choices=["static", "dynamic"])
-    ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = ap.parse_args()
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype)
-    model = build(args.model, args.tiny, device, dtype)
-    vocab = int(model.config.vocab_size)
-    ids = torch.randint(1, vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1)).to(device)
-    reference = generate(model, ids, args.new_tokens, args.cache)  # eager's tokens: what every mode must give
-    print(f"{args.model}{' (tiny)' if args.tiny else ''} {args.dtype} batch {args.batch}, prompt {args.prompt}, "
-          f"{args.new_tokens} new tokens, {args.cache} cache, on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}")
-    results = [run_mode(m, model, ids, args, reference, device) for m in modes]
+def isolated(args: argparse.Namespace, modes: list[str]) -> int:
+    """Each mode in a fresh process (this script with --in-process and one mode): run 65 died with a
+    segmentation fault somewhere among four modes sharing a process, and took every row with it. A
+    mode whose process dies is reported as a failure with its exit status and last lines (Python's
+    fault handler on), and the other modes keep their rows. Each process checks its tokens against
+    eager's tokens, computed in that process."""
+    import os
+    import subprocess
+    import tempfile
+
+    rows = []
+    print_header = True
+    for mode in modes:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "row.json"
+            argv = [sys.executable, __file__, "--in-process", "--modes", mode, "--json", str(out), "--model", args.model,
+                    "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--batch", str(args.batch),
+                    "--dtype", args.dtype, "--cache", args.cache, "--reps", str(args.reps)] + (["--tiny"] if args.tiny else [])
+            proc = subprocess.run(argv, capture_output=True, text=True, env=os.environ | {"PYTHONFAULTHANDLER": "1"})
+            if print_header and proc.stdout:
+                print(proc.stdout.splitlines()[0])  # the workload line
+                print_header = False
+            if out.exists():
+                rows += json.loads(out.read_text())["rows"]
+            else:
+                tail = " | ".join(line for line in (proc.stderr or "").splitlines()[-6:] if line.strip())
+                rows.append({"mode": mode, "error": f"the mode's process exited with status {proc.returncode} before "
+                                                    f"reporting: {tail}"[:600]})
+    report(rows, args)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     eager = next((r.get("tokens_per_s") for r in results if r["mode"] == "eager"), None)
     ro = next((r.get("tokens_per_s") for r in results if r["mode"] == "compile-ro"), None)
     print(f"{'mode':<12} {'tokens/s':>10} {'vs eager':>9} {'vs RO':>7} {'first call s':>13}  tokens")
@@ -163,6 +172,38 @@ def main() -> int:
     if args.json is not None:
         rows = [{k: v for k, v in r.items() if k != "tokens"} for r in results]
         args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="gpt2")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt", type=int, default=16, help="prompt tokens")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--cache", default="static", choices=["static", "dynamic"])
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every mode in this process (default: each in a process of its own, see below)")
+    args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")
+    if not args.in_process and len(modes) > 1:
+        return isolated(args, modes)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    model = build(args.model, args.tiny, device, dtype)
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(1, vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(1)).to(device)
+    reference = generate(model, ids, args.new_tokens, args.cache)  # eager's tokens: what every mode must give
+    print(f"{args.model}{' (tiny)' if args.tiny else ''} {args.dtype} batch {args.batch}, prompt {args.prompt}, "
+          f"{args.new_tokens} new tokens, {args.cache} cache, on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}")
+    results = [run_mode(m, model, ids, args, reference, device) for m in modes]
+    report(results, args)
     return 0 if all("error" not in r for r in results) else 1
 
 

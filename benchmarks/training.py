@@ -241,9 +241,13 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             # a CUDA graph's temporaries stay reserved in its pool between replays: reserved memory
             # is the fair comparison for a mode that replays graphs
             result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
-            if mode == "streamfuse":
-                result["graph_memory"] = graph_memory()
-                result["graph_history"] = graph_history()
+            try:  # diagnostics: a failure here must not cost the mode its measured row
+                result["memory_phases"] = memory_phases(lambda: w.loss(fn, batch), opt, device)
+                if mode == "streamfuse":
+                    result["graph_memory"] = graph_memory()
+                    result["graph_history"] = graph_history()
+            except Exception as exc:  # noqa: BLE001
+                result["diagnostics_error"] = failure_text(exc)
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
         result["error"] = failure_text(exc)
     finally:
@@ -267,6 +271,31 @@ def graph_memory() -> list[dict[str, Any]]:
     return rows
 
 
+def memory_phases(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, device: torch.device
+                  ) -> dict[str, float]:
+    """MiB allocated after each phase of one more step (where a mode's peak above eager's comes from)."""
+    def mib() -> float:
+        torch.cuda.synchronize(device)
+        return torch.cuda.memory_allocated(device) / 2**20
+
+    opt.zero_grad(set_to_none=True)  # as each timed step starts (the last one left its gradients)
+    phases = {"before": mib()}
+    torch.cuda.reset_peak_memory_stats(device)
+    value = loss()
+    phases["after forward"] = mib()
+    phases["forward peak"] = torch.cuda.max_memory_allocated(device) / 2**20
+    torch.cuda.reset_peak_memory_stats(device)
+    value.backward()
+    del value
+    phases["after backward"] = mib()
+    phases["backward peak"] = torch.cuda.max_memory_allocated(device) / 2**20
+    opt.step()
+    phases["after step"] = mib()
+    opt.zero_grad(set_to_none=True)
+    phases["after zero_grad"] = mib()
+    return phases
+
+
 def graph_history() -> list[str]:
     """Each live training graph's replay summary and history (records, moves, re-observations)."""
     from streamfuse.capture.backend import compiled_graphs
@@ -282,7 +311,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tiny", action="store_true", help="one-layer text configs, short sequences (CPU smoke test)")
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--history", action="store_true", help="print each backend training graph's replay history")
+    ap.add_argument("--history", action="store_true", help="print each backend training graph's replay history and each mode's memory by phase")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
@@ -321,6 +350,8 @@ def main() -> int:
                      f"{r['first_step_s']:10.1f}" if "first_step_s" in r else f"{'-':>10}"]
             print(f"{w.name:<24} {r['mode']:<11} " + " ".join(cells)
                   + (f"  FAILED: {r['error']}" if "error" in r else ""))
+            if args.history and r.get("memory_phases"):
+                print(f"{'':<24}   MiB allocated: " + ", ".join(f"{k} {v:.0f}" for k, v in r["memory_phases"].items()))
             for text in r.get("graph_history", []) if args.history else []:
                 print("\n".join(f"{'':<24}   {line}" for line in text.splitlines()[:12]))
             for g in r.get("graph_memory", []):
