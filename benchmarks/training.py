@@ -202,6 +202,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             gc.collect()  # the check's graphs (and their pools) go before the timed model is built
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        _DIRECTIONS.clear()  # the checks' directions (GPT-2's float64 one: 412 MB) are not the timed mode's memory
         model = seeded(w, device)
         fn = wrap(mode, model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
