@@ -70,7 +70,7 @@ step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-e"
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
-  --steps 10 --json "$OUT/training-mix.json"
+  --steps 10 --history --json "$OUT/training-mix.json"
 step generate 250 python3 benchmarks/generate.py --json "$OUT/generate.json"
 # issue 17's shape sweep (session 16): 20 random (batch, length) pairs per text model, both entry
 # points, at most 60 s each (the pairs that ran are reported)
@@ -81,7 +81,7 @@ step training 500 python3 benchmarks/training.py --json "$OUT/training.json"
 step training-vision 330 python3 benchmarks/training.py --models resnet18,resnet50 --json "$OUT/training-vision.json"
 # resnet50 and GPT-2 (issue 16's other two workloads) beside training-mix's resnet18 and BERT (session 16)
 step training-large 300 python3 benchmarks/training.py --models resnet50,gpt2 --modes eager,compile,streamfuse \
-  --steps 10 --json "$OUT/training-large.json"
+  --steps 10 --history --json "$OUT/training-large.json"
 step training-text 420 python3 benchmarks/training.py --models bert-base,gpt2 --modes eager,compile,streamfuse \
   --steps 10 --json "$OUT/training-text.json"
 step compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --peer && python3 benchmarks/compile_time.py --cache "$c"'
@@ -103,7 +103,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 for f in models-a models-b models-c models-d models-e; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
-for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -14 "$OUT/$f.txt"; done
+for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
