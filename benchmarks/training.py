@@ -264,9 +264,12 @@ def graph_memory() -> list[dict[str, Any]]:
 
     rows = []
     for g in compiled_graphs:
-        if isinstance(g, ReplayGraph) and g.graph is not None:
-            held = g.graph.memory()
-            rows.append({"role": g.role, "recordings": g.replay_stats.recordings,
+        for instance in (g.graph, g.spare) if isinstance(g, ReplayGraph) else ():
+            if instance is None:
+                continue
+            held = instance.memory()
+            rows.append({"role": g.role + (" (second instance)" if instance is g.spare else ""),
+                         "recordings": g.replay_stats.recordings,
                          **{k: (v / 2**20 if k in ("handed_out", "copied_out", "input_buffers") else v)
                             for k, v in held.items()}})
     return rows

@@ -21,7 +21,10 @@ Outputs:
   The backward's buffers go out as new tensors on their storage: autograd's accumulation adopts a
   gradient tensor no one else references as `p.grad` (the graph's own tensor would be cloned: one
   more copy of the parameters per step); `p.grad` then holds the storage, so the next backward
-  replays once `zero_grad()` has freed it (set_to_none, the default) and runs step by step otherwise.
+  replays once `zero_grad()` has freed it (set_to_none, the default). Where `p.grad` is kept
+  (gradient accumulation over micro-batches), a second instance of the backward's graph is
+  recorded and replays while the first is held: autograd adds its gradients into `p.grad`, so its
+  own buffers are free again at the next call.
 - an output that aliases an input read in place is rebuilt from the caller's tensor (no reference
   to it is kept: the forward's guard must see its saved activations freed after the backward);
   one that aliases a copied input's buffer (the batch, saved for the backward) is handed out like
@@ -247,6 +250,8 @@ class ReplayGraph:
         self.role = role
         self.copy_outputs = copy_outputs
         self.graph: PinnedGraph | None = None
+        self.spare: PinnedGraph | None = None
+        """A backward's second instance, replayed while the first one's gradients are held (_record_spare)."""
         self.reason: str | None = self._unusable(compiled)
         """Why this graph never records a CUDA graph, or None."""
         self.calls = 0
@@ -293,13 +298,18 @@ class ReplayGraph:
                     moved = [f"%{names[i]} {tuple(args[i].shape)}" for i in graph.moved(args)]
                     stats.history.append(f"call {self.calls}: inputs read in place moved on {self._misses} calls "
                                          f"in a row ({len(moved)}: {', '.join(moved[:4])}); observed again")
-                    self.graph, self._ptrs, self._pinned, self._misses = None, None, None, 0
-            elif graph.guard.held():
-                stats.held += 1
+                    self.graph, self.spare, self._ptrs, self._pinned, self._misses = None, None, None, None, 0
             else:
                 self._misses = 0
-                stats.replays += 1
-                return graph.replay(args)
+                free = next((g for g in (graph, self.spare) if g is not None and not g.guard.held()), None)
+                if free is None and self.spare is None and self.role == "backward":
+                    spare = self._record_spare(args)
+                    if spare is not None:
+                        return spare
+                if free is not None:
+                    stats.replays += 1
+                    return free.replay(args)
+                stats.held += 1
         elif graph is None and self.reason is None and self.compiled.eager_reason is None \
                 and self.compiled._proven and not _capturing():
             recorded = self._observe(args)
@@ -307,6 +317,29 @@ class ReplayGraph:
                 return recorded
         stats.step_by_step += 1
         return self.compiled.run_flat(args)
+
+    def _record_spare(self, args: list[Any]) -> list[Any] | None:
+        """A second instance of the backward's graph, recorded when the first one's gradients are
+        still held: gradient accumulation keeps `p.grad` (the first instance's buffers, adopted)
+        across micro-batches, and autograd adds each later gradient into it, so the second instance's
+        buffers are free again at every call. Without it every accumulating backward would run step
+        by step. Returns its first replay's outputs, or None (capture failed: step by step)."""
+        assert self._pinned is not None
+        try:
+            self.spare = PinnedGraph(self.compiled, args, self._pinned, self.copy_outputs, fresh_aliases=True)
+        except Exception as exc:  # noqa: BLE001 - the first instance stays in use
+            self.replay_stats.history.append(f"call {self.calls}: second instance not recorded: {failure_text(exc)}")
+            if self.compiled.device.type == "cuda":
+                torch.cuda.synchronize(self.compiled.device)
+                _settle_generators(self.compiled.device)
+            self.spare = None
+            return None
+        stats = self.replay_stats
+        stats.recordings += 1
+        stats.history.append(f"call {self.calls}: the gradients of the last replay were still held (accumulation): "
+                             "recorded a second instance, replayed while the first is held")
+        stats.replays += 1
+        return self.spare.replay(args)
 
     def _observe(self, args: list[Any]) -> list[Any] | None:
         """Track which inputs stay put; record once that set is stable. Returns the first replay's outputs."""
@@ -355,7 +388,8 @@ class ReplayGraph:
     @property
     def stats(self) -> dict[str, Any]:
         s = self.replay_stats
-        return {**self.compiled.stats, "graphs": int(self.graph is not None), "replays": s.replays,
+        return {**self.compiled.stats, "graphs": int(self.graph is not None) + int(self.spare is not None),
+                "replays": s.replays,
                 "graph_recordings": s.recordings, "step_by_step_calls": s.step_by_step}
 
     def explain(self, source: bool = True) -> str:
