@@ -258,7 +258,9 @@ def test_fuzz_replayed_training(family: str, config: Config, device: torch.devic
         emulate_replay(monkeypatch)
         config = config.replace(executor="reference")
 
-    first = len(backend_module.compiled_graphs)
+    kept: list[Any] = []  # the registry holds graphs weakly: each program's go with it, so keep them here
+    register = backend_module.compiled_graphs.append
+    monkeypatch.setattr(backend_module.compiled_graphs, "append", lambda graph: (kept.append(graph), register(graph)))
 
     @settings(max_examples=_examples(request, REPLAY_FAMILIES[family]), **FUZZ_SETTINGS)
     @given(program=programs(family, sizes=TINY))
@@ -270,6 +272,5 @@ def test_fuzz_replayed_training(family: str, config: Config, device: torch.devic
             check_replayed_gradients(program, config.replace(**program.config), device)
 
     fuzz()
-    replayed = [g for g in backend_module.compiled_graphs[first:] if isinstance(g, ReplayGraph)
-                and g.replay_stats.replays > 0]
+    replayed = [g for g in kept if isinstance(g, ReplayGraph) and g.replay_stats.replays > 0]
     assert len(replayed) >= 4, "too few programs' training graphs replayed: the test would not test replays"

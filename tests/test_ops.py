@@ -180,3 +180,16 @@ def test_pow_zero_is_one_for_inf_and_nan(config, device) -> None:  # type: ignor
     fn = lambda t: (t.pow(0) * 2,)
     out = streamfuse.compile(fn, (x,), config.replace(executor="triton"))(x)
     torch.testing.assert_close(out[0], fn(x)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_single_value_chains_round_through_float32(dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
+    """Arithmetic on one-element float32 values is computed in float64 (an optimizer's bias
+    corrections); where such a value becomes a half type it goes through float32, as ATen's does
+    (softmax over one bf16 element came out 0 in Triton's interpreter: found by tests/test_fuzz.py)."""
+    x = torch.tensor([1.2188], dtype=dtype, device=device)
+    s = torch.tensor(0.999, device=device)
+    fn = lambda a, b: (torch.softmax(a, 0), ((1 - b ** 3) / 7).to(dtype), (a.float() / 3).to(dtype))
+    out = streamfuse.compile(fn, (x, s), config.replace(executor="triton"))(x, s)
+    for o, r in zip(out, fn(x, s), strict=True):
+        torch.testing.assert_close(o, r, rtol=0, atol=0)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from streamfuse.codegen.pointwise_ops import Operand, cast, emit_pointwise, single_value_float64
+from streamfuse.codegen.pointwise_ops import Operand, cast, convert, emit_pointwise, single_value_float64
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
 from streamfuse.fusion.geometry import pointwise_launch, reduction_launch
@@ -251,7 +251,7 @@ def _row_index(full: Index, dom: ReductionDomain, shape: tuple[int, ...]) -> Ind
 
 def store_cast(v: Operand, out: Node) -> str:
     assert out.dtype is not None
-    return v.text if v.dtype == out.dtype else f"{v.text}.to({TL_DTYPE[out.dtype]})"
+    return v.text if v.dtype == out.dtype else convert(v.text, v.dtype, out.dtype)
 
 
 class Emitter:

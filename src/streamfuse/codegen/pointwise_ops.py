@@ -48,11 +48,18 @@ def cast(x: Operand, to: torch.dtype) -> str:
         return x.text
     if to is torch.bool:
         return f"({x.text} != 0)"
-    if to is torch.bfloat16 and x.dtype not in FLOATS:
-        # integers and bools reach bfloat16 through float32, as ATen converts them (c10::BFloat16 is
-        # built from a float); Triton's interpreter turns a direct int -> bf16 cast into zeros or fails
-        return f"{x.text}.to(tl.float32).to(tl.bfloat16)"
-    return f"{x.text}.to({TL_DTYPE[to]})"
+    return convert(x.text, x.dtype, to)
+
+
+def convert(text: str, frm: torch.dtype, to: torch.dtype) -> str:
+    """`text` (a value of dtype `frm`) as `to`. Integers, bools and float64 reach the half types
+    through float32, as ATen converts them (c10::BFloat16 and Half are built from a float: a float64
+    value is rounded to float32 first, as is a single-value float32 result computed in float64,
+    pointwise_ops.single_value_float64); Triton's interpreter turns a direct int or float64 -> bf16
+    cast into zeros."""
+    if to in (torch.bfloat16, torch.float16) and (frm not in FLOATS or frm is torch.float64):
+        return f"{text}.to(tl.float32).to({TL_DTYPE[to]})"
+    return f"{text}.to({TL_DTYPE[to]})"
 
 
 def _compare_type(ops: list[Operand]) -> torch.dtype:
