@@ -71,7 +71,7 @@ step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --history --json "$OUT/training-mix.json"
-step generate 250 python3 benchmarks/generate.py --json "$OUT/generate.json"
+step generate 330 python3 benchmarks/generate.py --json "$OUT/generate.json"
 # issue 17's shape sweep (session 16): 20 random (batch, length) pairs per text model, both entry
 # points, at most 60 s each (the pairs that ran are reported)
 step shapes 420 python3 benchmarks/shapes.py --budget-s 60 --json "$OUT/shapes.json"
