@@ -174,6 +174,16 @@ def _compare_params(step: int, model: nn.Module, eager: nn.Module, grads: bool) 
         _assert_match(f"step {step}: parameter {name}", p.detach(), q.detach())
 
 
+def _compare_and_step(step: int, model: nn.Module, eager: nn.Module, *optimizers: torch.optim.Optimizer) -> None:
+    """The end of an accumulation window: gradients and parameters against eager's, then each
+    optimizer's step and zero_grad."""
+    _compare_params(step, model, eager, grads=True)
+    for opt in optimizers:
+        opt.step()
+    for opt in optimizers:
+        opt.zero_grad()
+
+
 def _pair(build: Callable[[], nn.Module], config: streamfuse.Config, device: torch.device
           ) -> tuple[nn.Module, nn.Module, nn.Module]:
     torch._dynamo.reset()
@@ -217,11 +227,7 @@ def test_gradient_accumulation_and_kept_results(config: streamfuse.Config, devic
             kept.append(logits)
             F.cross_entropy(logits, y).backward()
         if step % 2 == 1:
-            _compare_params(step, model, eager, grads=True)
-            opt_c.step()
-            opt_e.step()
-            opt_c.zero_grad()
-            opt_e.zero_grad()
+            _compare_and_step(step, model, eager, opt_c, opt_e)
     for step, (a, b) in enumerate(zip(kept_c, kept_e, strict=True)):
         _assert_match(f"logits of step {step}", a.detach(), b.detach())
 
@@ -239,11 +245,7 @@ def test_gradient_accumulation_keeps_replaying_the_backward(config: streamfuse.C
         _ce(compiled, x, y).backward()
         _ce(eager, x, y).backward()
         if step % 4 == 3:
-            _compare_params(step, model, eager, grads=True)
-            opt_c.step()
-            opt_e.step()
-            opt_c.zero_grad()
-            opt_e.zero_grad()
+            _compare_and_step(step, model, eager, opt_c, opt_e)
     backward = _replays(first)["backward"]
     assert backward.spare is not None, backward.explain(source=False)
     stats = backward.replay_stats

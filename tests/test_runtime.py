@@ -324,16 +324,18 @@ def test_release_follows_the_issue_order(config) -> None:  # type: ignore[no-unt
 def test_host_scalars_beside_device_tensors() -> None:
     """A 0-dim CPU tensor beside device tensors (SDPA's host Philox seed, a generation step's host
     integer) does not make the plan a CPU plan, and a call moves it to the plan's device by value
-    (the meta device stands in for a GPU here); other inputs are left as they are."""
+    (the meta device stands in for a GPU here), reusing the copy while the value repeats; other
+    inputs are left as they are."""
     from streamfuse.ir.graph import Graph
     from streamfuse.runtime.executable import graph_device, scalars_to_device
 
     seed, x = torch.tensor(7), torch.empty(3, device="meta")
     assert graph_device(Graph([], [], []), [seed, x]) == torch.device("meta")
     assert graph_device(Graph([], [], []), [seed]) == torch.device("cpu")
-    rows = torch.ones(2)
-    moved = scalars_to_device([seed, rows, x], [0, 1], torch.device("meta"))
+    rows, cache = torch.ones(2), {}
+    moved = scalars_to_device([seed, rows, x], [0, 1], torch.device("meta"), cache)
     assert moved[0].device.type == "meta" and moved[0].dim() == 0 and moved[0].dtype == seed.dtype
     assert moved[1] is rows and moved[2] is x
-    same = [x]
-    assert scalars_to_device(same, [0], torch.device("meta")) is same
+    assert scalars_to_device([torch.tensor(7), rows, x], [0], torch.device("meta"), cache)[0] is moved[0]
+    assert scalars_to_device([torch.tensor(8), rows, x], [0], torch.device("meta"), cache)[0] is not moved[0]
+    assert scalars_to_device([x], [0], torch.device("meta"), cache) == [x]

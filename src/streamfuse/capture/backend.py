@@ -301,10 +301,10 @@ def _compiler(config: Config, role: str = "forward") -> Any:
     inference = role == "inference"
 
     def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        static = _static_inputs() if inference and config.backend_cuda_graphs else []
+        bind = inference and config.backend_cuda_graphs  # parameters bound at the first call: CUDA graphs
+        static = _static_inputs() if bind else []
         training = _training_role(role) if not inference and config.backend_cuda_graphs else None
         compiled: Any
-        bind = inference and config.backend_cuda_graphs
         if _is_symbolic(gm):
             compiled = SymbolicGraph(gm, config, static if bind else None, training)
         elif bind:

@@ -97,7 +97,8 @@ def refine_kind(qualified_name: str, kind: OpKind, args: tuple, kwargs: dict) ->
     if name == "pow" and kind is OpKind.POINTWISE:
         base = args[0] if args else kwargs.get("self")
         if isinstance(base, int | float):  # pow.Scalar: number ** tensor
-            # b ** e = exp2(e * log2(b)) for a float b > 0 (optimizers' bias corrections, beta ** step)
+            # a float b > 0 ** tensor (optimizers' bias corrections, beta ** step): codegen's pow, or
+            # exp2(e * log2(b)) in Triton's interpreter (codegen/pointwise_ops.py)
             return OpKind.POINTWISE if isinstance(base, float) and base > 0 else OpKind.OPAQUE
         exponent = args[1] if len(args) > 1 else kwargs.get("exponent")
         if not (isinstance(exponent, (int, float)) and float(exponent) in POW_FAST_EXPONENTS):

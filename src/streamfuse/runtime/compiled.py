@@ -23,8 +23,7 @@ import torch.utils._pytree as pytree
 from streamfuse.config import Config
 from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.runtime.executable import (BadInput, Executable, InputMismatch, build_executable, raise_bad_input,
-                                           scalars_to_device)
+from streamfuse.runtime.executable import BadInput, Executable, InputMismatch, build_executable, raise_bad_input
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graphs import GraphRunner
 
@@ -168,7 +167,7 @@ class CompiledGraph:
 
     def _call(self, inputs: tuple[Any, ...]) -> Any:
         if self.base.scalar_inputs:
-            inputs = tuple(scalars_to_device(inputs, self.base.scalar_inputs, self.device))
+            inputs = tuple(self.base.device_scalars(inputs))
         try:
             if self.use_graphs and self.graph_failure is None and not _capturing():
                 flat = self._replay(inputs)
@@ -201,8 +200,7 @@ class CompiledGraph:
         return self._run_flat(inputs)
 
     def _run_flat(self, inputs: list[Any]) -> list[Any]:
-        if self.base.scalar_inputs:
-            inputs = list(scalars_to_device(inputs, self.base.scalar_inputs, self.device))
+        inputs = self.base.device_scalars(inputs)
         if self.config.check_inputs:
             inputs = self.base.check_inputs(inputs, self.call.input_names)
         flat = self.base.run(inputs)

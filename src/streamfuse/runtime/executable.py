@@ -55,26 +55,28 @@ def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
     return next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
 
 
-def device_scalar(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A 0-dim CPU tensor's value on `device`, filled from the host (a fill kernel: a copy from
-    pageable memory would synchronize the stream)."""
-    return torch.full((), t.item(), dtype=t.dtype, device=device)
-
-
-def scalars_to_device(inputs: Sequence[Any], at: Sequence[int], device: torch.device) -> Sequence[Any]:
+def scalars_to_device(inputs: list[Any] | tuple[Any, ...], at: Sequence[int], device: torch.device,
+                      cache: dict[int, tuple[Any, torch.Tensor]]) -> list[Any]:
     """`inputs` with each 0-dim CPU tensor at the positions `at` (the plan's 0-dim inputs) on `device`;
     the same sequence when there is none. Such tensors arrive where a trace recorded a device tensor:
     SDPA's memory-efficient and flash kernels return their Philox seed and offset on the host outside
     CUDA-graph capture (on the device inside it, and a fake-tensor trace says the device), and their
     backward takes either; transformers' generation passes 0-dim host integers (run 64). A generated
-    kernel cannot read host memory, and a CUDA graph cannot copy from it safely."""
+    kernel cannot read host memory, and a CUDA graph cannot copy from it safely. The device copy is
+    filled from the host value (a fill kernel: a copy from pageable memory would synchronize the
+    stream), and kept in `cache` by position: a call passing the same value reuses it, with no launch
+    (the plan only reads these inputs)."""
     moved: list[Any] | None = None
     for i in at:
         t = inputs[i]
         if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0:
+            value = t.item()
+            kept = cache.get(i)
+            if kept is None or kept[0] != value or kept[1].dtype != t.dtype:
+                kept = cache[i] = (value, torch.full((), value, dtype=t.dtype, device=device))
             moved = list(inputs) if moved is None else moved
-            moved[i] = device_scalar(t, device)
-    return inputs if moved is None else moved
+            moved[i] = kept[1]
+    return list(inputs) if moved is None else moved
 
 
 def move_cpu_scalars(graph: Graph, device: torch.device) -> None:
@@ -303,7 +305,9 @@ class Executable:
         self.scalar_inputs = ([i for i, n in enumerate(graph.inputs) if not n.shape and i not in written]
                               if device.type != "cpu" else [])
         """Positions of the 0-dim inputs of a device plan that it reads only: a caller may pass them on
-        the host (scalars_to_device), and each call moves them (an input updated in place is never replaced)."""
+        the host, and each call moves them (device_scalars; an input updated in place is never replaced)."""
+        self._scalars: dict[int, tuple[Any, torch.Tensor]] = {}
+        """The device copies device_scalars made last, by input position, with their values."""
         self.constants = [(self.slot[n], t) for n, t in graph.constants.items()]
         self.release = self.release_lists()
         self.out_slots = [self.slot[o] if isinstance(o, Node) else None for o in graph.outputs]
@@ -355,6 +359,13 @@ class Executable:
         if keep_alive is not None:
             keep_alive.extend(t for t in env if t is not None)
         return results
+
+    def device_scalars(self, inputs: list[Any]) -> list[Any]:
+        """`inputs` with the 0-dim host tensors among the plan's read-only 0-dim inputs on its device
+        (scalars_to_device); `inputs` itself where the plan has no such input (no copy: per call)."""
+        if not self.scalar_inputs:
+            return inputs
+        return scalars_to_device(inputs, self.scalar_inputs, self.device, self._scalars)
 
     def check_inputs(self, inputs: Sequence[Any], names: Sequence[str] | None) -> list[Any]:
         """Inputs as the plan expects them, or ValueError naming the bad one."""

@@ -53,7 +53,6 @@ from typing import Any
 import torch
 
 from streamfuse.runtime.compiled import CompiledGraph, _capturing, _settle_generators
-from streamfuse.runtime.executable import scalars_to_device
 from streamfuse.runtime.fallback import failure_text
 from streamfuse.runtime.graphs import OutputGuard
 
@@ -285,8 +284,7 @@ class ReplayGraph:
 
     def run_flat(self, args: list[Any]) -> list[Any]:
         self.calls += 1
-        if self.compiled.base.scalar_inputs:  # SDPA's host Philox seed and offset (executable.scalars_to_device)
-            args = list(scalars_to_device(args, self.compiled.base.scalar_inputs, self.compiled.device))
+        args = self.compiled.base.device_scalars(args)  # SDPA's host Philox seed and offset
         stats = self.replay_stats
         graph = self.graph
         if graph is not None and not _capturing():
@@ -325,21 +323,28 @@ class ReplayGraph:
         buffers are free again at every call. Without it every accumulating backward would run step
         by step. Returns its first replay's outputs, or None (capture failed: step by step)."""
         assert self._pinned is not None
+        spare = self._record(args, self._pinned, "the gradients of the last replay were still held (accumulation): "
+                                                 "recorded a second instance, replayed while the first is held")
+        if isinstance(spare, str):  # the first instance stays in use
+            self.replay_stats.history.append(f"call {self.calls}: second instance not recorded: {spare}")
+            return None
+        self.spare = spare
+        return spare.replay(args)
+
+    def _record(self, args: list[Any], pinned: list[bool], note: str) -> PinnedGraph | str:
+        """A recorded PinnedGraph counted in the stats with `note`, or why capture failed."""
         try:
-            self.spare = PinnedGraph(self.compiled, args, self._pinned, self.copy_outputs, fresh_aliases=True)
-        except Exception as exc:  # noqa: BLE001 - the first instance stays in use
-            self.replay_stats.history.append(f"call {self.calls}: second instance not recorded: {failure_text(exc)}")
+            graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs, fresh_aliases=self.role == "backward")
+        except Exception as exc:  # noqa: BLE001 - a capture failure leaves the step-by-step path
             if self.compiled.device.type == "cuda":
                 torch.cuda.synchronize(self.compiled.device)
                 _settle_generators(self.compiled.device)
-            self.spare = None
-            return None
+            return failure_text(exc)
         stats = self.replay_stats
         stats.recordings += 1
-        stats.history.append(f"call {self.calls}: the gradients of the last replay were still held (accumulation): "
-                             "recorded a second instance, replayed while the first is held")
-        stats.replays += 1
-        return self.spare.replay(args)
+        stats.replays += 1  # the caller replays it once now
+        stats.history.append(f"call {self.calls}: {note}")
+        return graph
 
     def _observe(self, args: list[Any]) -> list[Any] | None:
         """Track which inputs stay put; record once that set is stable. Returns the first replay's outputs."""
@@ -370,20 +375,12 @@ class ReplayGraph:
             if self.calls >= RECORD_BY_CALL:
                 self.reason = "an input written in place (a running statistic) moves between calls"
             return None
-        try:
-            self.graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs,
-                                     fresh_aliases=self.role == "backward")
-        except Exception as exc:  # noqa: BLE001 - a capture failure leaves the step-by-step path
-            self.reason = f"capture failed: {failure_text(exc)}"
-            if self.compiled.device.type == "cuda":
-                torch.cuda.synchronize(self.compiled.device)
-                _settle_generators(self.compiled.device)
+        graph = self._record(args, pinned, f"recorded, {sum(pinned)} of {len(args)} inputs read in place")
+        if isinstance(graph, str):
+            self.reason = f"capture failed: {graph}"
             return None
-        stats = self.replay_stats
-        stats.recordings += 1
-        stats.history.append(f"call {self.calls}: recorded, {sum(pinned)} of {len(args)} inputs read in place")
-        stats.replays += 1
-        return self.graph.replay(args)
+        self.graph = graph
+        return graph.replay(args)
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -39,8 +39,8 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
     dag.add_nodes_from(range(len(plan.groups)))
     visible = set(map(id, graph.outputs[: graph.user_outputs]))
     done: set[int] = set()
-    for k, (index, dst) in enumerate(graph.writebacks):
-        src = graph.outputs[index]
+    for k, (out, dst) in enumerate(graph.writebacks):
+        src = graph.outputs[out]
         if not isinstance(src, Node) or id(src) in visible or src not in owner or src.kind is OpKind.INPUT:
             continue
         gi = owner[src]
