@@ -12,6 +12,11 @@ setting transformers documents for torch.compile: fixed shapes, so one graph for
 for every decode step. `--cache dynamic` grows the cache by one token per step: Dynamo then hands
 the backend symbolic lengths, and streamfuse builds one plan per length (issue 17: slow until its
 kernels take sizes at run time). `--tiny` uses a one-layer config (a CPU smoke test).
+
+Every mode passes `disable_compile=True`: with a static cache on CUDA, transformers' generate()
+otherwise compiles the model's `__call__` itself (Inductor, reduce-overhead) around whatever
+forward the mode installed, so "eager" would be transformers' reduce-overhead and the other modes
+nested inside it.
 """
 
 from __future__ import annotations
@@ -51,11 +56,23 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> An
     return model.eval().to(device, dtype)
 
 
+def transformers_generation_config() -> Any:
+    import transformers
+
+    return transformers.GenerationConfig()
+
+
 def generate(model: Any, ids: torch.Tensor, new_tokens: int, cache: str) -> torch.Tensor:
     kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                   attention_mask=torch.ones_like(ids))
     if cache == "static":
         kwargs["cache_implementation"] = "static"
+    if hasattr(transformers_generation_config(), "disable_compile"):
+        # with a static cache on CUDA, generate() compiles the model's __call__ itself (transformers'
+        # CompileConfig: Inductor, reduce-overhead) unless told not to: every mode, eager included,
+        # then ran transformers' reduce-overhead graphs, the modes' own compiled forward nested inside
+        # it (runs 66-67; the nested reduce-overhead mode died with a segmentation fault)
+        kwargs["disable_compile"] = True
     with torch.no_grad():
         return model.generate(ids, **kwargs)  # type: ignore[no-any-return]
 

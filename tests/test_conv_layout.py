@@ -167,7 +167,7 @@ def test_measured_convolution_time_moves_the_critical_path_onto_the_priority_str
     plan = compiled.plan
     (i5,) = [i for i, g in enumerate(plan.groups) if len(g.nodes) == 1 and g.nodes[0].op == "aten.convolution.default"
              and g.nodes[0].args[1].shape[-1] == 5]
-    sched = schedule_steps(plan, config, {plan.groups[i5].id: 40.0})
+    sched = schedule_steps(plan, config.replace(stream_priorities=True), {plan.groups[i5].id: 40.0})
     assert sched.own_first_stream and sched.stream_of[i5] == 0
     others = [i for i, g in enumerate(plan.groups) if g.nodes[0].op == "aten.convolution.default" and i != i5]
     assert all(sched.stream_of[i] != 0 for i in others)

@@ -38,7 +38,7 @@ def test_four_branch_block_is_planned_on_four_streams_with_minimal_events(config
     x = randn(2, 16)
     with torch.no_grad():
         # without horizontal packing, which would pack the four GELUs into one launch and join the branches
-        compiled = streamfuse.compile(model, (x,), config.replace(stream_priorities=False, horizontal_fusion=False))
+        compiled = streamfuse.compile(model, (x,), config.replace(horizontal_fusion=False))  # priorities off: the default
         assert_close_to_reference(compiled(x), model, [x])
     sched = compiled.base.schedule
     assert compiled.stats["streams"] == 4
@@ -53,7 +53,8 @@ def test_four_branch_block_is_planned_on_four_streams_with_minimal_events(config
 
 def test_high_priority_stream_adds_only_its_own_fork_and_join(config) -> None:  # type: ignore[no-untyped-def]
     with torch.no_grad():
-        compiled = streamfuse.compile(FourBranch().eval(), (randn(2, 16),), config.replace(horizontal_fusion=False))
+        compiled = streamfuse.compile(FourBranch().eval(), (randn(2, 16),),
+                                      config.replace(stream_priorities=True, horizontal_fusion=False))
     sched = compiled.base.schedule
     assert sched.own_first_stream and 0 in sched.fork and 0 in sched.join
     assert compiled.stats["events"] == 8

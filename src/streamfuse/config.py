@@ -133,8 +133,11 @@ class Config:
     # --- scheduling (schedule/) --------------------------------------------------------
     max_streams: int = 4
     """Independent kernels run on up to this many CUDA streams (capped by the DAG's width)."""
-    stream_priorities: bool = True
-    """Run the critical path on a high-priority stream."""
+    stream_priorities: bool = False
+    """Run the critical path on a stream of its own at high priority. The caller's stream has the
+    lowest priority, so this takes a stream besides it, and one more fork and join wait per call: a
+    fork/join of k branches then needs 2k waits instead of 2(k-1). Off by default: runs 27-29
+    (docs/PERF.md) found no consistent effect of priorities on the four-stream times."""
     # --- CUDA graphs (runtime/graphs.py) ----------------------------------------------
     cuda_graphs: bool = True
     """On CUDA, capture the whole multi-stream schedule as a CUDA graph and replay it."""
