@@ -13,10 +13,14 @@ for every decode step. `--cache dynamic` grows the cache by one token per step: 
 the backend symbolic lengths, and streamfuse builds one plan per length (issue 17: slow until its
 kernels take sizes at run time). `--tiny` uses a one-layer config (a CPU smoke test).
 
-Every mode passes `disable_compile=True`: with a static cache on CUDA, transformers' generate()
-otherwise compiles the model's `__call__` itself (Inductor, reduce-overhead) around whatever
-forward the mode installed, so "eager" would be transformers' reduce-overhead and the other modes
-nested inside it.
+With a static cache on CUDA, transformers' generate() compiles the model's `__call__` itself
+(its CompileConfig: Inductor, mode="reduce-overhead") around whatever forward is installed. So
+eager, compile and streamfuse pass `disable_compile=True` (runs 66-67 measured transformers'
+graphs in every row, the modes' own forward nested inside them), and compile-ro *is* transformers'
+own compile, set to reduce-overhead: what a user of generate() with a static cache gets. (Wrapping
+`model.forward` in torch.compile(mode="reduce-overhead") ourselves died with a segmentation fault
+inside generate() on torch 2.11 in runs 65, 67 and 68.) On the CPU transformers does not compile,
+so compile-ro is eager there.
 """
 
 from __future__ import annotations
@@ -62,39 +66,16 @@ def transformers_generation_config() -> Any:
     return transformers.GenerationConfig()
 
 
-def generate(model: Any, ids: torch.Tensor, new_tokens: int, cache: str) -> torch.Tensor:
+def generate(model: Any, ids: torch.Tensor, new_tokens: int, cache: str, own_compile: bool = False) -> torch.Tensor:
+    """`own_compile`: let transformers compile the forward (its reduce-overhead CompileConfig)."""
     kwargs: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                                   attention_mask=torch.ones_like(ids))
     if cache == "static":
         kwargs["cache_implementation"] = "static"
-    if hasattr(transformers_generation_config(), "disable_compile"):
-        # with a static cache on CUDA, generate() compiles the model's __call__ itself (transformers'
-        # CompileConfig: Inductor, reduce-overhead) unless told not to: every mode, eager included,
-        # then ran transformers' reduce-overhead graphs, the modes' own compiled forward nested inside
-        # it (runs 66-67; the nested reduce-overhead mode died with a segmentation fault)
-        kwargs["disable_compile"] = True
+    if not own_compile and hasattr(transformers_generation_config(), "disable_compile"):
+        kwargs["disable_compile"] = True  # see the module's docstring
     with torch.no_grad():
         return model.generate(ids, **kwargs)  # type: ignore[no-any-return]
-
-
-def _fresh_outputs(compiled: Any) -> Any:
-    """reduce-overhead's outputs live in its CUDA graphs' memory, overwritten by the next replay, and
-    generate() reads a step's outputs after the next step ran (run 64: "accessing tensor output of
-    CUDAGraphs that has been overwritten"). torch's documented remedy: mark each call a new step and
-    clone what the caller keeps."""
-    from torch.utils._pytree import tree_map
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        torch.compiler.cudagraph_mark_step_begin()
-        out = compiled(*args, **kwargs)
-        if hasattr(out, "logits"):  # a ModelOutput: clone its tensors in place of the graph's
-            for key, value in out.items():
-                if isinstance(value, torch.Tensor):
-                    out[key] = value.clone()
-            return out
-        return tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, out)
-
-    return forward
 
 
 def sync(device: torch.device) -> None:
@@ -113,14 +94,17 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
         if mode == "compile":
             model.forward = torch.compile(forward)
         elif mode == "compile-ro":
-            model.forward = _fresh_outputs(torch.compile(forward, mode="reduce-overhead"))
+            import transformers
+
+            model.generation_config.compile_config = transformers.CompileConfig(mode="reduce-overhead")
         elif mode == "streamfuse":
             model.forward = torch.compile(forward, backend=streamfuse.make_backend())
         start = time.perf_counter()
-        out = generate(model, ids, args.new_tokens, args.cache)
+        own = mode == "compile-ro"
+        out = generate(model, ids, args.new_tokens, args.cache, own)
         sync(device)
         result["first_s"] = time.perf_counter() - start  # compiles, records graphs
-        out = generate(model, ids, args.new_tokens, args.cache)  # a second warm-up (graph trees record late)
+        out = generate(model, ids, args.new_tokens, args.cache, own)  # a second warm-up (graph trees record late)
         if reference is not None and not torch.equal(out, reference):
             differ = int((out != reference).sum())
             result["error"] = f"tokens differ from eager's at {differ} of {out.numel()} positions"
@@ -129,7 +113,7 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
         for _ in range(args.reps):
             sync(device)
             start = time.perf_counter()
-            generate(model, ids, args.new_tokens, args.cache)
+            generate(model, ids, args.new_tokens, args.cache, own)
             sync(device)
             times.append(time.perf_counter() - start)
         seconds = sorted(times)[len(times) // 2]
@@ -139,6 +123,9 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
         result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
     finally:
         model.forward = forward
+        model.generation_config.compile_config = None
+        if hasattr(model, "_compiled_call"):  # transformers' compiled __call__ (compile-ro)
+            del model._compiled_call
         torch._dynamo.reset()
     return result
 
