@@ -8,7 +8,9 @@ Per model and mode: milliseconds per step (median over `--steps`, after eight wa
 compile and record graphs), first-step seconds (compile included), peak memory of a step (CUDA's max
 allocated during the timed steps, model and optimizer state included; and max reserved, which also
 counts what CUDA graphs keep in their pools between replays; the warm-up's own peak is in the JSON,
-`warmup_peak_mib`), and the check: after seven forward + backward calls
+`warmup_peak_mib`); "step MiB" is the peak over what was allocated before the mode built its timed
+model (the reference gradients, and anything the mode's own gradient check left allocated, which is
+printed apart), and the check: after seven forward + backward calls
 from the same weights on the same batch (so the backend's CUDA graphs are replaying), every
 parameter's gradient against eager's (relative norm; float32 with TF32 off for the check, TF32 as the
 process's defaults for the timing) and against eager in float64. A mode whose gradients are further
@@ -31,6 +33,7 @@ import json
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +120,8 @@ def _projected_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.
 
 
 _DIRECTIONS: dict[tuple[Any, ...], torch.Tensor] = {}
+_CHECKED: list[weakref.ref[nn.Module]] = []
+"""The gradient checks' models: one still alive after the check is reported (its memory would count)."""
 
 
 def workloads(names: list[str], tiny: bool) -> list[Workload]:
@@ -155,6 +160,7 @@ def gradients(w: Workload, mode: str, device: torch.device, calls: int = 1, dtyp
     """Gradients of the loss at the seeded weights, from the last of `calls` forward + backward calls
     (float64: eager in double precision, the reference both float32 runs are measured against)."""
     model = seeded(w, device).to(dtype)
+    _CHECKED.append(weakref.ref(model))
     fn = wrap(mode, model)
     batch = tuple(t.to(dtype) if t.is_floating_point() else t for t in w.batch(device, 1))
     for _ in range(calls):
@@ -203,6 +209,16 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         _DIRECTIONS.clear()  # the checks' directions (GPT-2's float64 one: 412 MB) are not the timed mode's memory
+        if device.type == "cuda":
+            # what is allocated before the timed model exists: the reference gradients (float32 and
+            # float64) in every mode, and whatever the mode's own gradient check left behind. The
+            # step's own memory is the peak over this (run 68: "before" differed by 0.2-2.7 GB between
+            # modes, most of it not held by the timed model's graphs)
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            result["start_mib"] = torch.cuda.memory_allocated(device) / 2**20
+            result["check_models_alive"] = sum(r() is not None for r in _CHECKED)
         model = seeded(w, device)
         fn = wrap(mode, model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -239,6 +255,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
         result["ms_per_step"] = 1000 * statistics.median(times)
         if device.type == "cuda":
             result["peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+            result["step_mib"] = result["peak_mib"] - result["start_mib"]
             # a CUDA graph's temporaries stay reserved in its pool between replays: reserved memory
             # is the fair comparison for a mode that replays graphs
             result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
@@ -325,7 +342,8 @@ def main() -> int:
     rows = []
     print(f"training step (forward + backward + SGD) on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}"
           f", torch {torch.__version__}")
-    print(f"{'workload':<24} {'mode':<11} {'ms/step':>9} {'vs eager':>9} {'vs compile':>11} {'peak MiB':>9} {'rsrvd MiB':>9} "
+    print(f"{'workload':<24} {'mode':<11} {'ms/step':>9} {'vs eager':>9} {'vs compile':>11} {'peak MiB':>9} {'step MiB':>9} "
+          f"{'rsrvd MiB':>9} "
           f"{'grad err':>9} {'vs fp64':>9} {'1st step s':>10}")
     for w in workloads(names, args.tiny):
         try:
@@ -348,14 +366,22 @@ def main() -> int:
 
             cells = [f"{ms:9.2f}" if ms else f"{'-':>9}", f"{ratio('eager'):>9}", f"{ratio('compile'):>11}",
                      f"{r['peak_mib']:9.0f}" if "peak_mib" in r else f"{'-':>9}",
+                     f"{r['step_mib']:9.0f}" if "step_mib" in r else f"{'-':>9}",
                      f"{r['reserved_mib']:9.0f}" if "reserved_mib" in r else f"{'-':>9}",
                      f"{r['grad_rel_err']:9.1e}" if "grad_rel_err" in r else f"{'-':>9}",
                      f"{r['grad_err_fp64']:9.1e}" if "grad_err_fp64" in r else f"{'-':>9}",
                      f"{r['first_step_s']:10.1f}" if "first_step_s" in r else f"{'-':>10}"]
             print(f"{w.name:<24} {r['mode']:<11} " + " ".join(cells)
                   + (f"  FAILED: {r['error']}" if "error" in r else ""))
+            start = r.get("start_mib")
+            eager_start = next((e.get("start_mib") for e in results if e["mode"] == "eager"), None)
+            if start is not None and eager_start is not None and start - eager_start > 1:
+                print(f"{'':<24}   {start - eager_start:.0f} MiB more allocated than in eager's mode before the timed "
+                      f"model was built (left over from this mode's gradient check; {r.get('check_models_alive')} "
+                      "checked model(s) still alive)")
             if args.history and r.get("memory_phases"):
-                print(f"{'':<24}   MiB allocated: " + ", ".join(f"{k} {v:.0f}" for k, v in r["memory_phases"].items()))
+                print(f"{'':<24}   MiB allocated: start {start or 0:.0f}, "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in r["memory_phases"].items()))
             for text in r.get("graph_history", []) if args.history else []:
                 print("\n".join(f"{'':<24}   {line}" for line in text.splitlines()[:12]))
             for g in r.get("graph_memory", []):
