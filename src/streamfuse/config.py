@@ -146,6 +146,10 @@ class Config:
     independent along dim 0 (otherwise only the compiled shape is accepted)."""
     max_graphs: int = 8
     """At most this many recorded graphs; the least recently used is evicted."""
+    graph_memory_fraction: float = 0.5
+    """Recorded inference graphs of all compiled models on a device keep at most this fraction of its
+    memory (static inputs, and each graph's pool: its buffers' peak and outputs); past it the least
+    recently replayed are dropped, and recorded again at their next call (runtime/memory.py)."""
     backend_cuda_graphs: bool = True
     """Through torch.compile(backend="streamfuse"), an inference graph binds its parameters and
     buffers as constants at its first call (on any device; its plan is built then), so on CUDA its
@@ -253,6 +257,8 @@ class Config:
             raise ValueError(f"Config.triton_matmul_efficiency must be in (0, 2], got {self.triton_matmul_efficiency}")
         if not 1 <= self.matmul_max_split_k <= 1024:
             raise ValueError(f"Config.matmul_max_split_k must be in [1, 1024], got {self.matmul_max_split_k}")
+        if not 0.0 < self.graph_memory_fraction <= 1.0:
+            raise ValueError(f"Config.graph_memory_fraction must be in (0, 1], got {self.graph_memory_fraction}")
         if not 0.0 <= self.max_occupancy_drop <= 1.0:
             raise ValueError(f"Config.max_occupancy_drop must be in [0, 1], got {self.max_occupancy_drop}")
         if self.autotune_budget_s <= 0:

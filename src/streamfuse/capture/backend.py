@@ -34,6 +34,7 @@ from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.executable import graph_device
 from streamfuse.runtime.fallback import failure_text, warn_fallback
+from streamfuse.runtime.memory import on_out_of_memory
 from streamfuse.runtime.replay import ReplayGraph
 
 class _Registry:
@@ -234,8 +235,12 @@ class StaticParamsGraph:
         static, gm = set(self.static), self.gm
         dynamic = [i for i in range(len(args)) if i not in static]
 
-        def eager(*tensors: Any) -> list[Any]:
-            full = list(args)
+        count = len(args)
+
+        def eager(*tensors: Any) -> list[Any]:  # holds the bound parameters, not the first call's inputs
+            full: list[Any] = [None] * count
+            for i, t in zip(self.static, bound, strict=True):
+                full[i] = t
             for i, t in zip(dynamic, tensors, strict=True):
                 full[i] = t
             return list(gm(*full))
@@ -316,7 +321,7 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         compiled_graphs.append(compiled)
 
         def run(args: list[Any]) -> list[Any]:
-            return compiled.run_flat(args)
+            return on_out_of_memory(lambda: compiled.run_flat(args))  # type: ignore[no-any-return]
 
         run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes the args list itself
         return run

@@ -2,7 +2,9 @@
 
 On CUDA (with Config.cuda_graphs) a call picks the graph for its batch bucket, copies the inputs
 into that graph's static buffers and replays it; a graph is recorded on first use of its bucket
-(least recently used evicted beyond Config.max_graphs). Padding up to a bucket happens only where
+(least recently used evicted beyond Config.max_graphs, and the least recently replayed graphs of
+any model dropped beyond Config.graph_memory_fraction of the device's memory: runtime/memory.py).
+A call that runs out of device memory drops the recorded graphs and runs again. Padding up to a bucket happens only where
 ir/batch.py proves the rows independent along dim 0; otherwise the compiled shape alone is
 accepted. Elsewhere (CPU, cuda_graphs=False, or a capture that failed) the plan runs step by step
 on its streams.
@@ -26,6 +28,7 @@ from streamfuse.ir.graph import Graph, Node
 from streamfuse.runtime.executable import BadInput, Executable, InputMismatch, build_executable, raise_bad_input
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graphs import GraphRunner
+from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
 Specialize = Callable[[tuple[torch.Tensor, ...]], Any]
@@ -95,7 +98,6 @@ class CompiledGraph:
             self.base_batch: _batch_slices(base.graph, analysis) if not isinstance(analysis, str)
             else [None] * len(base.graph.outputs)}
         self._runners: OrderedDict[int, GraphRunner] = OrderedDict()
-        self._pool: Any = None
         self._mutated_index = {m for m, _ in call.mutated}
         self._user_outputs = base.graph.user_outputs if base.graph.writebacks else None
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
@@ -129,6 +131,11 @@ class CompiledGraph:
 
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *inputs: Any) -> Any:
+        if self.base.device.type == "cuda":
+            return on_out_of_memory(lambda: self._entry(inputs), self.base.device)
+        return self._entry(inputs)
+
+    def _entry(self, inputs: tuple[Any, ...]) -> Any:
         if self._proven:
             return self._call(inputs)
         return self._first_calls(self._call, inputs)
@@ -146,8 +153,8 @@ class CompiledGraph:
         try:
             with self.base.restored_on_failure(inputs):
                 out = call(inputs)
-        except BadInput:
-            raise
+        except (BadInput, torch.OutOfMemoryError):
+            raise  # out of memory: the entry point drops recorded graphs and calls again (runtime/memory.py)
         except Exception as exc:  # noqa: BLE001 - never fail where eager runs
             self.eager_reason = f"the compiled plan failed on its first call: {failure_text(exc)}"
             warn_fallback("the model", self.eager_reason)
@@ -232,6 +239,7 @@ class CompiledGraph:
                 return self._run_flat(list(inputs))
         else:
             self._runners.move_to_end(padded)
+            LEDGER.touch(self, padded)
         return runner(inputs, batch)
 
     def _check_batch(self, inputs: Sequence[Any]) -> int:
@@ -313,21 +321,31 @@ class CompiledGraph:
         self._slices[padded] = slices
 
     def _record(self, padded: int) -> GraphRunner | None:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         try:
-            runner = GraphRunner(self._variants[padded], self._pool, self._slices[padded],
+            runner = GraphRunner(self._variants[padded], self._slices[padded],
                                  self.config.reuse_outputs, self.config.output_sets,
                                  self.config.input_copy_node and copy_nodes_pay(len(self.base.graph.inputs)))
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to stream execution
-            self.graph_failure = f"{type(exc).__name__}: {exc}"
             torch.cuda.synchronize(self.device)
             _settle_generators(self.device)
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise  # not a reason to give graphs up: the entry point makes room and calls again
+            self.graph_failure = f"{type(exc).__name__}: {exc}"
             return None
         self._runners[padded] = runner
         while len(self._runners) > self.config.max_graphs:
             self._runners.popitem(last=False)
+        LEDGER.add(self, padded, self.device, graph_memory_limit(self.device, self.config.graph_memory_fraction))
         return runner
+
+    def graph_bytes(self, key: int) -> int | None:
+        """What the graph recorded for batch bucket `key` keeps (runtime/memory.GraphLedger), or None."""
+        runner = self._runners.get(key)
+        return runner.reserved_bytes if runner is not None else None
+
+    def drop_graph(self, key: int) -> None:
+        """Forget the graph of batch bucket `key`: its next call records it again."""
+        self._runners.pop(key, None)
 
     # -- introspection ------------------------------------------------------------------
     def recorded_graphs(self) -> dict[int, torch.cuda.CUDAGraph]:
@@ -349,6 +367,7 @@ class CompiledGraph:
             "events": self.base.schedule.events,
             "graphs": len(self._runners),
             "graph_instances": sum(r.instances for r in self._runners.values()),
+            "graph_mib": round(sum(r.reserved_bytes for r in self._runners.values()) / 2**20, 1),
             "specializations": len(self.specializations),
             "specializations_built": self.specializations_built,
             "compile_s": self.compile_s,

@@ -1,10 +1,14 @@
 """CUDA-graph capture and replay of one Executable at fixed (possibly padded) shapes.
 
 The whole multi-stream schedule is captured as one graph: the StreamRunner's fork and join
-events become graph edges. Inputs are copied into static buffers; the graph's memory comes from a
-pool shared by every graph of a CompiledGraph. Nothing is freed during capture and the runner
-keeps every buffer alive, so no memory is reused inside a graph or across graphs sharing the
-pool, whichever order they replay in.
+events become graph edges. Inputs are copied into static buffers. Each recorded graph has a memory
+pool of its own, and its buffers are released during capture as in a step-by-step call (a buffer
+read on another stream is recorded on that stream, so the allocator holds it until the capture
+ends), so a graph keeps about the memory a step-by-step call peaks at, plus its outputs. (Until
+session 17 the graphs of a CompiledGraph shared one pool and nothing was freed during capture:
+every intermediate of the plan stayed allocated, and a 0.85 B Llama at batch 49 x 430 tokens kept
+tens of GB per shape: run 69 ran out of the H200's 140 GB after three shapes.) A pool is never
+shared, so no graph can place its buffers in memory another graph's replay writes.
 
 Fresh outputs without a copy: a runner records up to Config.output_sets instances of its graph
 (the same kernels, each with its own buffers, all reading the shared static inputs) and hands a
@@ -47,8 +51,7 @@ class _Instance:
     """One recorded graph of the runner's plan with its own intermediate and output buffers;
     with `sources`, the graph first copies each source into its static input (memcpy nodes)."""
 
-    def __init__(self, exe: Executable, pool: Any, static_inputs: list[torch.Tensor],
-                 sources: list[torch.Tensor] | None = None):
+    def __init__(self, exe: Executable, static_inputs: list[torch.Tensor], sources: list[torch.Tensor] | None = None):
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
@@ -57,16 +60,22 @@ class _Instance:
                 for _ in range(2):
                     exe.run(static_inputs)
             caller.wait_stream(warm)
-        self.keep_alive: list[Any] = []
         self.graph = torch.cuda.CUDAGraph(keep_graph=sources is not None)
-        with torch.cuda.graph(self.graph, pool=pool):
+        reserved = torch.cuda.memory_reserved(exe.device)
+        with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
             if sources is not None:
                 stream = torch.cuda.current_stream(exe.device).cuda_stream
                 for dst, src in zip(static_inputs, sources, strict=True):
                     cudart.memcpy_d2d_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, stream)
-            # the outputs the caller sees: those written back into inputs (Graph.writebacks) were
-            # copied or stored there inside the graph, and keep_alive holds their buffers
-            self.outputs: list[Any] = exe.run(static_inputs, keep_alive=self.keep_alive)[: exe.graph.user_outputs]
+            results = exe.run(static_inputs)
+        self.reserved_bytes = torch.cuda.memory_reserved(exe.device) - reserved
+        """What capture reserved: the graph's pool (its buffers' peak and its outputs)."""
+        # the outputs the caller sees; those written back into inputs (Graph.writebacks) were copied
+        # or stored there inside the graph, and keep_alive holds them (nothing else may be placed
+        # there: the pool is this graph's alone, but the buffers stay where the replay writes)
+        self.outputs: list[Any] = results[: exe.graph.user_outputs]
+        self.keep_alive: list[Any] = results[exe.graph.user_outputs:]
+        del results
         self.copy_nodes: list[int] = []
         self.exec = 0
         self.held: list[torch.Tensor] = list(sources or [])
@@ -102,14 +111,13 @@ class OutputGuard:
 
 
 class GraphRunner:
-    def __init__(self, exe: Executable, pool: Any, batch_slices: Sequence[int | None], reuse_outputs: bool,
+    def __init__(self, exe: Executable, batch_slices: Sequence[int | None], reuse_outputs: bool,
                  output_sets: int = 0, input_copy_node: bool = False):
         """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
         batch * that), or None for an output that does not depend on the batch. `output_sets`: how
         many instances may hand out their own output buffers (Config.output_sets).
         `input_copy_node`: copy the inputs inside the graph (Config.input_copy_node)."""
         self.exe = exe
-        self.pool = pool
         self.reuse_outputs = reuse_outputs
         self.batch_slices = list(batch_slices)[: exe.graph.user_outputs]
         self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
@@ -121,6 +129,8 @@ class GraphRunner:
         """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
         self.use_copy_nodes = input_copy_node and self._copy_nodes_possible()
         self._static_ptrs = [t.data_ptr() for t in self.static_inputs]  # where the copy nodes write
+        self.reserved_bytes = sum(t.untyped_storage().nbytes() for t in self.static_inputs)
+        """Device memory this runner keeps: its static inputs and every instance's pool (runtime/memory.py)."""
         first = self._record_instance()
         self.first = first
         """The first recorded instance: reuse_outputs replays it, profiling replays its graph."""
@@ -148,12 +158,16 @@ class GraphRunner:
             # points the nodes at the caller's tensors, then freed
             sources = [torch.zeros_like(s) for s in self.static_inputs]
             try:
-                return _Instance(self.exe, self.pool, self.static_inputs, sources)
+                return self._counted(_Instance(self.exe, self.static_inputs, sources))
             except Exception as exc:  # noqa: BLE001 - the nodes are an optimization: record without them
                 self.copy_node_failure = f"{type(exc).__name__}: {exc}"
                 self.use_copy_nodes = False
                 torch.cuda.synchronize(self.exe.device)
-        return _Instance(self.exe, self.pool, self.static_inputs)
+        return self._counted(_Instance(self.exe, self.static_inputs))
+
+    def _counted(self, inst: _Instance) -> _Instance:
+        self.reserved_bytes += inst.reserved_bytes
+        return inst
 
     def _aliases_fixed(self, inst: _Instance) -> bool:
         """Some output shares memory with a static input or a constant: it must be copied."""

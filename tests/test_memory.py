@@ -1,0 +1,173 @@
+"""What recorded CUDA graphs keep (runtime/memory.py, runtime/graphs.py): the ledger's bound over all
+compiled models, the retry after running out of device memory, and (GPU) a graph keeping about a
+step-by-step call's peak rather than every intermediate."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+import torch
+
+import streamfuse
+from streamfuse.runtime import memory
+from streamfuse.runtime.memory import GraphLedger, on_out_of_memory
+
+CPU = torch.device("cpu")
+
+
+class Owner:
+    """A compiled model as the ledger sees it: graphs by key, each keeping some bytes."""
+
+    def __init__(self, **graphs: int) -> None:
+        self.graphs = dict(graphs)
+
+    def graph_bytes(self, key: Any) -> int | None:
+        return self.graphs.get(key)
+
+    def drop_graph(self, key: Any) -> None:
+        del self.graphs[key]
+
+
+def test_ledger_drops_least_recently_replayed_graphs_of_any_model_beyond_the_limit() -> None:
+    ledger = GraphLedger()
+    a, b = Owner(x=40, y=40), Owner(z=40)
+    ledger.add(a, "x", CPU, limit=100)
+    ledger.add(a, "y", CPU, limit=100)
+    ledger.touch(a, "x")  # x replayed after y: y is now the least recently used
+    ledger.add(b, "z", CPU, limit=100)  # 120 > 100: y goes, not x
+    assert a.graphs == {"x": 40} and b.graphs == {"z": 40}
+    assert ledger.kept_bytes(CPU) == 80 and ledger.dropped == 1
+    big = Owner(w=500)
+    ledger.add(big, "w", CPU, limit=100)  # over the limit alone: it stays, every other graph goes
+    assert big.graphs == {"w": 500} and a.graphs == {} and b.graphs == {}
+    assert ledger.kept_bytes(CPU) == 500
+
+
+def test_ledger_forgets_collected_owners_and_graphs_dropped_elsewhere() -> None:
+    ledger = GraphLedger()
+    a, b = Owner(x=10), Owner(y=10, z=10)
+    ledger.add(a, "x", CPU, limit=1000)
+    ledger.add(b, "y", CPU, limit=1000)
+    ledger.add(b, "z", CPU, limit=1000)
+    del a
+    gc.collect()
+    b.drop_graph("y")  # the owner's own LRU (Config.max_graphs) evicted it
+    assert ledger.kept_bytes(CPU) == 10
+    assert ledger.release(CPU) == 1 and b.graphs == {}
+    assert ledger.dropped == 1  # only what the ledger itself dropped
+
+
+def test_out_of_memory_drops_the_recorded_graphs_and_runs_the_call_once_more(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    ledger = GraphLedger()
+    monkeypatch.setattr(memory, "LEDGER", ledger)
+    owner = Owner(x=10)
+    ledger.add(owner, "x", CPU, limit=1000)
+    calls: list[int] = []
+
+    def call() -> str:
+        calls.append(len(owner.graphs))
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return "done"
+
+    with pytest.warns(UserWarning, match="ran out of device memory; dropped 1 recorded CUDA graph"):
+        assert on_out_of_memory(call, CPU) == "done"
+    assert calls == [1, 0]  # the retry ran after the graph was dropped
+
+
+def test_out_of_memory_twice_raises_and_nested_calls_are_handled_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(memory, "LEDGER", GraphLedger())
+    attempts: list[str] = []
+
+    def inner() -> None:
+        attempts.append("inner")
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    with pytest.warns(UserWarning, match="ran out of device memory"), pytest.raises(torch.OutOfMemoryError):
+        on_out_of_memory(lambda: on_out_of_memory(inner, CPU), CPU)
+    assert attempts == ["inner", "inner"]  # the outer handler retried once; the inner one did not
+    assert memory._handling == 0
+
+
+def test_graph_memory_fraction_is_validated() -> None:
+    with pytest.raises(ValueError, match="graph_memory_fraction"):
+        streamfuse.Config(graph_memory_fraction=0.0)
+
+
+gpu = pytest.mark.gpu
+
+
+def _chain(width: int, depth: int) -> torch.nn.Module:
+    """`depth` bias-free Linear layers in a row: nothing fuses across a matmul, so a call has about
+    two intermediates alive at a time, and a graph that kept every intermediate would keep `depth`."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(depth)]).cuda().eval()
+
+
+@gpu
+def test_a_recorded_graph_keeps_about_a_step_by_step_peak_not_every_intermediate(config) -> None:  # type: ignore[no-untyped-def]
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    depth, rows, width = 16, 4096, 1024
+    model = _chain(width, depth)
+    x = torch.randn(rows, width, device="cuda")
+    one = rows * width * 4  # bytes of one intermediate (16 MiB)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config.replace(output_sets=0))
+        out, ref = compiled(x), model(x)
+    assert compiled.stats["graphs"] == 1
+    torch.testing.assert_close(out, ref, rtol=2e-3, atol=2e-3 * float(ref.abs().max()))
+    (runner,) = compiled._runners.values()
+    # static input + pool (about two intermediates at a time + the output, a matmul workspace, the
+    # allocator's segment rounding); every intermediate kept (the capture before session 17) would be
+    # at least `depth` of them
+    assert runner.reserved_bytes < 8 * one, runner.reserved_bytes / one
+    assert compiled.stats["graph_mib"] == pytest.approx(runner.reserved_bytes / 2**20, abs=0.1)
+
+
+@gpu
+def test_graphs_beyond_the_memory_fraction_are_dropped_and_recorded_again(config) -> None:  # type: ignore[no-untyped-def]
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from test_runtime import mlp
+
+    model = mlp(64, 256, 32).cuda()
+    # a limit below any graph: recording one drops every other (of any model)
+    cfg = config.replace(graph_memory_fraction=1e-9)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (torch.randn(8, 64, device="cuda"),), cfg)
+        for batch in (8, 3, 8, 3):
+            x = torch.randn(batch, 64, device="cuda")
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+            assert list(compiled._runners) == [8 if batch == 8 else 4]
+    assert compiled.stats["graphs"] == 1
+
+
+@gpu
+def test_a_call_that_runs_out_of_memory_drops_graphs_and_runs_again(config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from test_runtime import mlp
+
+    model = mlp(64, 256, 32).cuda()
+    x = torch.randn(8, 64, device="cuda")
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        compiled(x)
+        assert compiled.stats["graphs"] == 1
+        replay = compiled._replay
+        failed: list[bool] = []
+
+        def once_out_of_memory(inputs: Any) -> Any:
+            if not failed:
+                failed.append(True)
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return replay(inputs)
+
+        monkeypatch.setattr(compiled, "_replay", once_out_of_memory)
+        with pytest.warns(UserWarning, match="ran out of device memory"):
+            out = compiled(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    assert failed and compiled.stats["graphs"] == 1  # dropped, then recorded again by the retry
