@@ -119,6 +119,9 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
         seconds = sorted(times)[len(times) // 2]
         result["tokens_per_s"] = ids.shape[0] * args.new_tokens / seconds
         result["tokens"] = out
+        if args.profile:
+            result.update(profiled(lambda: generate(model, ids, args.new_tokens, args.cache, own), mode,
+                                   args.new_tokens, device))
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
         result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
     finally:
@@ -128,6 +131,33 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
             del model._compiled_call
         torch._dynamo.reset()
     return result
+
+
+def profiled(call: Any, mode: str, tokens: int, device: torch.device) -> dict[str, str]:
+    """One more generate() under torch.profiler (GPU kernels per token: what the replays cost on the
+    device) and under cProfile (where the host's time per token goes), as text for the log."""
+    import cProfile
+    import pstats
+
+    import streamfuse
+    from streamfuse.profile.outputs import summary_text
+
+    out: dict[str, str] = {}
+    if device.type == "cuda":
+        with streamfuse.profile(mode, calls=tokens, nvml=False) as prof:
+            call()
+        assert prof.report is not None
+        out["gpu_profile"] = summary_text(prof.report, top=15, per="token")
+    host = cProfile.Profile()
+    host.runcall(call)
+    stats = pstats.Stats(host).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:25]
+    lines = [f"{mode}: host time per token by function (cProfile's own overhead included; tottime, cumtime)"]
+    for (path, line, name), (_, calls, tottime, cumtime, _) in rows:
+        where = f"{Path(path).name}:{line}" if line else path
+        lines.append(f"  {1e6 * tottime / tokens:8.1f} {1e6 * cumtime / tokens:8.1f} µs  {calls / tokens:6.1f}x  {name} ({where})")
+    out["host_profile"] = "\n".join(lines)
+    return out
 
 
 def isolated(args: argparse.Namespace, modes: list[str]) -> int:
@@ -147,7 +177,8 @@ def isolated(args: argparse.Namespace, modes: list[str]) -> int:
             out = Path(tmp) / "row.json"
             argv = [sys.executable, __file__, "--in-process", "--modes", mode, "--json", str(out), "--model", args.model,
                     "--new-tokens", str(args.new_tokens), "--prompt", str(args.prompt), "--batch", str(args.batch),
-                    "--dtype", args.dtype, "--cache", args.cache, "--reps", str(args.reps)] + (["--tiny"] if args.tiny else [])
+                    "--dtype", args.dtype, "--cache", args.cache, "--reps", str(args.reps)] + (["--tiny"] if args.tiny else []) \
+                + (["--profile"] if args.profile else [])
             proc = subprocess.run(argv, capture_output=True, text=True, env=os.environ | {"PYTHONFAULTHANDLER": "1"})
             if print_header and proc.stdout:
                 print(proc.stdout.splitlines()[0])  # the workload line
@@ -173,6 +204,10 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
                  f"{tps / ro:6.2f}x" if tps and ro else f"{'-':>7}",
                  f"{r['first_s']:13.1f}" if "first_s" in r else f"{'-':>13}"]
         print(f"{r['mode']:<12} " + " ".join(cells) + ("  same as eager" if "error" not in r else f"  FAILED: {r['error']}"))
+    for r in results:
+        for key in ("gpu_profile", "host_profile"):
+            if key in r:
+                print(r[key])
     if args.json is not None:
         rows = [{k: v for k, v in r.items() if k != "tokens"} for r in results]
         args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
@@ -189,6 +224,9 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, one more generate() per mode under torch.profiler (GPU kernels per token) "
+                         "and cProfile (host time by function)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--in-process", action="store_true",
                     help="run every mode in this process (default: each in a process of its own, see below)")

@@ -185,7 +185,8 @@ def worst_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
 
 
 def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference: dict[str, torch.Tensor],
-             exact: dict[str, torch.Tensor], eager_error: float) -> dict[str, Any]:
+             exact: dict[str, torch.Tensor], eager_error: float, profile: bool = False) -> dict[str, Any]:
+    """`profile`: after timing, one more step under torch.profiler (the GPU kernels of a step)."""
     result: dict[str, Any] = {"mode": mode}
     torch._dynamo.reset()
     try:
@@ -260,6 +261,14 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             # is the fair comparison for a mode that replays graphs
             result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
             try:  # diagnostics: a failure here must not cost the mode its measured row
+                if profile:
+                    import streamfuse
+                    from streamfuse.profile.outputs import summary_text
+
+                    with streamfuse.profile(mode, calls=1, nvml=False) as prof:
+                        step()
+                    assert prof.report is not None
+                    result["gpu_profile"] = summary_text(prof.report, top=15, per="step")
                 result["memory_phases"] = memory_phases(lambda: w.loss(fn, batch), opt, device)
                 if mode == "streamfuse":
                     result["graph_memory"] = graph_memory()
@@ -332,6 +341,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--tiny", action="store_true", help="one-layer text configs, short sequences (CPU smoke test)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, one more step per mode under torch.profiler: kernels, GPU busy time, top kernels")
     ap.add_argument("--history", action="store_true", help="print each backend training graph's replay history and each mode's memory by phase")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -355,7 +366,7 @@ def main() -> int:
             continue
         eager_error, where = worst_error(reference, exact)
         print(f"{w.name:<24} eager float32 gradients against float64: worst relative norm error {eager_error:.1e} ({where})")
-        results = [run_mode(w, m, device, args.steps, reference, exact, eager_error) for m in modes]
+        results = [run_mode(w, m, device, args.steps, reference, exact, eager_error, args.profile) for m in modes]
         base = {r["mode"]: r.get("ms_per_step") for r in results}
         for r in results:
             ms = r.get("ms_per_step")
@@ -382,6 +393,8 @@ def main() -> int:
             if args.history and r.get("memory_phases"):
                 print(f"{'':<24}   MiB allocated: start {start or 0:.0f}, "
                       + ", ".join(f"{k} {v:.0f}" for k, v in r["memory_phases"].items()))
+            if "gpu_profile" in r:
+                print("\n".join(f"{'':<24}   {line}" for line in r["gpu_profile"].splitlines()))
             for text in r.get("graph_history", []) if args.history else []:
                 print("\n".join(f"{'':<24}   {line}" for line in text.splitlines()[:12]))
             for g in r.get("graph_memory", []):

@@ -70,8 +70,8 @@ step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-e"
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
-  --steps 10 --history --json "$OUT/training-mix.json"
-step generate 330 python3 benchmarks/generate.py --json "$OUT/generate.json"
+  --steps 10 --history --profile --json "$OUT/training-mix.json"
+step generate 330 python3 benchmarks/generate.py --profile --json "$OUT/generate.json"
 # issue 17's shape sweep (session 16): 20 random (batch, length) pairs per text model, both entry
 # points, at most 60 s each (the pairs that ran are reported)
 step shapes 420 python3 benchmarks/shapes.py --budget-s 60 --json "$OUT/shapes.json"
@@ -81,7 +81,7 @@ step training 500 python3 benchmarks/training.py --json "$OUT/training.json"
 step training-vision 330 python3 benchmarks/training.py --models resnet18,resnet50 --json "$OUT/training-vision.json"
 # resnet50 and GPT-2 (issue 16's other two workloads) beside training-mix's resnet18 and BERT (session 16)
 step training-large 300 python3 benchmarks/training.py --models resnet50,gpt2 --modes eager,compile,streamfuse \
-  --steps 10 --history --json "$OUT/training-large.json"
+  --steps 10 --history --profile --json "$OUT/training-large.json"
 step training-text 420 python3 benchmarks/training.py --models bert-base,gpt2 --modes eager,compile,streamfuse \
   --steps 10 --json "$OUT/training-text.json"
 step compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --peer && python3 benchmarks/compile_time.py --cache "$c"'

@@ -253,3 +253,17 @@ def test_too_few_nvml_samples_say_so(tmp_path: Path) -> None:
     report = build_report("short", "NVIDIA H200", _intervals(), predicted=False, calls=3, samples=few)
     raw = write_html(report, tmp_path / "r.html").read_text(encoding="utf-8")
     assert "too few to read utilization" in raw and "0.0" not in _table_rows(raw, "NVML samples")[0]
+
+
+def test_summary_text_merges_streams_and_gives_per_call_figures() -> None:
+    from streamfuse.profile.outputs import summary_text
+
+    ivs = [Interval("gemm", 0, 0, 30), Interval("gemm", 1, 5, 25), Interval("add", 0, 30, 40),
+           Interval("gemm", 0, 100, 130), Interval("add", 0, 130, 140)]
+    report = build_report("two tokens", "NVIDIA H200", ivs, predicted=False, calls=2)
+    text = summary_text(report, top=1, per="token")
+    first, gemm, rest = text.splitlines()
+    # busy: 0-40 and 100-140 = 80 µs over 2 tokens; 5 kernels
+    assert first.startswith("two tokens: 2 kernels per token, GPU busy 40 µs of a 70 µs span per token")
+    assert "40.0 µs/token" in gemm and "1.5x" in gemm and gemm.endswith("gemm")  # 80 µs of gemm over 2 tokens
+    assert "10.0 µs/token" in rest and "1 other kernels" in rest

@@ -392,8 +392,6 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
     once more on it warm (ModeResult.compile_warm_s). gaps: measure kernels per call and gap ratios with
     torch.profiler on CUDA (after all timing; that keeps every mode's compiled callable alive until the
     end). reps: timed calls per mode (time_us's default if None). settings: recorded in the JSON."""
-    from streamfuse.capture.backend import compiled_graphs
-
     results: list[WorkloadResult] = []
     to_profile: list[tuple[ModeResult, Callable[[], Any]]] = []
     cold_root = Path(tempfile.mkdtemp(prefix="streamfuse-bench-cold-")) if cold_cache else None
@@ -401,7 +399,6 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
         for index, workload in enumerate(workloads):
             row = WorkloadResult(workload.name, info=dict(workload.info), tolerance=tolerance(workload))
             results.append(row)
-            first_graph = len(compiled_graphs)
             try:
                 ref = reference(workload, device)
             except Exception as exc:  # noqa: BLE001 - e.g. torchvision missing

@@ -319,3 +319,25 @@ def save_report(report: ProfileReport, out_dir: Path, stem: str | None = None) -
     paths["json"] = out_dir / f"{stem}.json"
     paths["json"].write_text(json.dumps(summary_dict(report), indent=2, default=str))
     return paths
+
+
+def summary_text(report: ProfileReport, top: int = 12, per: str = "call") -> str:
+    """A few plain lines for a benchmark's log: per-call totals and the kernels that took the most
+    time, merged over streams (the same kernel on two streams is one line)."""
+    t = report.totals
+    calls = max(t["calls"], 1.0)
+    lines = [f"{report.label}: {t['kernel_count'] / calls:.0f} kernels per {per}, GPU busy {t['busy_us'] / calls:.0f} µs "
+             f"of a {t['span_us'] / calls:.0f} µs span per {per} (idle {100 * t['gap_ratio']:.0f}% of the busy time)"]
+    merged: dict[str, list[float]] = {}
+    for k in report.kernels:
+        entry = merged.setdefault(k.name, [0.0, 0.0])
+        entry[0] += k.calls
+        entry[1] += k.total_us
+    busy = max(t["busy_us"], 1e-9)
+    ranked = sorted(merged.items(), key=lambda kv: -kv[1][1])
+    for name, (count, total) in ranked[:top]:
+        lines.append(f"  {total / calls:9.1f} µs/{per} {100 * total / busy:5.1f}%  {count / calls:6.1f}x  {_short(name, 90)}")
+    rest = sum(total for _, (_, total) in ranked[top:])
+    if rest:
+        lines.append(f"  {rest / calls:9.1f} µs/{per} {100 * rest / busy:5.1f}%          {len(ranked) - top} other kernels")
+    return "\n".join(lines)
