@@ -58,6 +58,30 @@ def backend_compiles(first: int) -> tuple[int, int]:
     return built, kept
 
 
+def stage_seconds(plans: list[Any]) -> dict[str, float]:
+    """Compile seconds by stage (capture, planning, tuning, kernel compile, ...) summed over the kept
+    plans that report them (CompiledGraph.stats["compile_stages_s"]): where a new shape's compile goes."""
+    total: dict[str, float] = {}
+    for plan in plans:
+        plan = getattr(plan, "compiled", None) or plan  # the backend's StaticParamsGraph wraps its plan
+        stats = getattr(plan, "stats", None)
+        stages = stats.get("compile_stages_s", {}) if isinstance(stats, dict) else {}
+        for stage, seconds in stages.items():
+            total[stage] = total.get(stage, 0.0) + seconds
+    return total
+
+
+def kept_plans(entry: str, compiled: Any, first: int) -> list[Any]:
+    from streamfuse.capture import backend
+
+    if entry == "streamfuse.compile":
+        return [compiled, *compiled.specializations.values()] if isinstance(compiled, streamfuse.CompiledGraph) else []
+    plans: list[Any] = []
+    for g in backend.compiled_graphs[first:]:
+        plans += list(g.plans.values()) if isinstance(g, backend.SymbolicGraph) else [g] if g is not None else []
+    return plans
+
+
 def sweep(name: str, shapes: list[tuple[int, int]], device: torch.device, tiny: bool, budget_s: float) -> dict[str, Any]:
     from streamfuse.capture import backend
 
@@ -98,6 +122,7 @@ def sweep(name: str, shapes: list[tuple[int, int]], device: torch.device, tiny: 
                 torch.cuda.synchronize()
         row["seconds"] = time.perf_counter() - start
         row["fallbacks"] = sum(issubclass(w.category, streamfuse.StreamfuseFallbackWarning) for w in caught)
+        row["stages_s"] = {k: round(v, 2) for k, v in stage_seconds(kept_plans(entry, compiled, first)).items()}
         if entry == "streamfuse.compile" and isinstance(compiled, streamfuse.CompiledGraph):
             stats = compiled.stats
             row["built"], row["kept"] = stats.get("specializations_built", 0) + 1, stats.get("specializations", 0) + 1
@@ -140,6 +165,9 @@ def main() -> int:
             row = r[entry]
             print(f"{name:<10} {entry:<19} {row['ran']:>4} {row['matched']:>6} {row['worst_err']:>10.1e} "
                   f"{row['built']:>6} {row['kept']:>5} {row['fallbacks']:>17} {row['seconds']:>8.1f}")
+            if row.get("stages_s"):
+                print("    compile seconds of the kept plans by stage: "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in sorted(row["stages_s"].items(), key=lambda kv: -kv[1])))
             for failure in row["failures"][:5]:
                 print(f"    FAILED {failure}")
     if args.json is not None:
