@@ -3,7 +3,7 @@
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
 #                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate] [training]
-#                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large]
+#                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge]
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~20 min: more than one call may run, so split it, e.g. `tests` alone (runs 56 and 58
 #   did not finish it in 200 s; a call gets ~8 minutes after the machine starts), then `streams share`, then
@@ -68,6 +68,11 @@ step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert 
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-d"
 step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-small,llama --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-e"
+# issue 15's sibling-convolution merge (session 17, off by default): the branchy networks without and
+# with it, each run beside eager and reduce-overhead
+step merge 560 bash -c 'for m in off on; do streamfuse bench --suite models --models googlenet,inception --batch 1 \
+  --dtype float32 --modes eager,compile-ro,streamfuse --reps 20 --set merge_sibling_convolutions=$([ $m = on ] && echo true || echo false) \
+  --out "$0/merge-$m"; done' "$OUT"
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --history --profile --json "$OUT/training-mix.json"
@@ -100,7 +105,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
-for f in models-a models-b models-c models-d models-e; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in models-a models-b models-c models-d models-e merge; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
 for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done

@@ -34,6 +34,11 @@ class Config:
     fold_batchnorm: bool = True
     """Fold inference batch-norm into the preceding conv's weights at compile time (a snapshot: later
     in-place weight changes need a new compile); False runs it as an epilogue reading live parameters."""
+    merge_sibling_convolutions: bool = False
+    """Convolutions reading the same input with the same geometry, whose weights are compile-time
+    snapshots (batch-norm folded), run as one convolution over their stacked filters, each result a
+    channel slice of it (an inception block's 1x1 convolutions: ir/merge.py). Off until measured on
+    the GPU."""
     horizontal_fusion: bool = True
     """Pack independent small pointwise kernels into one launch."""
     horizontal_max_elements: int = 262144
