@@ -171,3 +171,33 @@ def test_a_call_that_runs_out_of_memory_drops_graphs_and_runs_again(config, monk
             out = compiled(x)
     torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
     assert failed and compiled.stats["graphs"] == 1  # dropped, then recorded again by the retry
+
+
+def test_a_graph_that_updates_inputs_in_place_is_never_run_twice(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(memory, "LEDGER", GraphLedger())
+    calls: list[int] = []
+
+    def half_applied_update() -> None:
+        calls.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        on_out_of_memory(half_applied_update, CPU, retry=False)
+    assert calls == [1]
+
+
+def test_the_backend_retries_only_graphs_without_in_place_updates() -> None:
+    from streamfuse.capture.backend import _mutates
+
+    def pure(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() + 1
+
+    def update(x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        state.copy_(x * 2)
+        return x + 1
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4)
+    assert not _mutates(make_fx(pure)(x))
+    assert _mutates(make_fx(update)(x, torch.zeros(4)))

@@ -320,13 +320,25 @@ def _compiler(config: Config, role: str = "forward") -> Any:
             compiled = training_graph(compile_graph(gm, example_inputs, config), training)
         compiled_graphs.append(compiled)
 
+        retry = not _mutates(gm)
+
         def run(args: list[Any]) -> list[Any]:
-            return on_out_of_memory(lambda: compiled.run_flat(args))  # type: ignore[no-any-return]
+            return on_out_of_memory(lambda: compiled.run_flat(args), retry=retry)  # type: ignore[no-any-return]
 
         run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes the args list itself
         return run
 
     return compile_aten_graph
+
+
+def _mutates(gm: torch.fx.GraphModule) -> bool:
+    """The graph updates something in place (copy_ into an input, an optimizer's foreach updates):
+    a call that failed half-way must not be run again (runtime/memory.on_out_of_memory)."""
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is not None and schema.is_mutable:
+            return True
+    return False
 
 
 def make_backend(config: Config | None = None) -> Any:

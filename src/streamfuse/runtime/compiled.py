@@ -132,7 +132,8 @@ class CompiledGraph:
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *inputs: Any) -> Any:
         if self.base.device.type == "cuda":
-            return on_out_of_memory(lambda: self._entry(inputs), self.base.device)
+            return on_out_of_memory(lambda: self._entry(inputs), self.base.device,
+                                    retry=not self.base.graph.writebacks)
         return self._entry(inputs)
 
     def _entry(self, inputs: tuple[Any, ...]) -> Any:

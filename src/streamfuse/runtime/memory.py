@@ -14,7 +14,9 @@ out of memory. So:
   graphs) do when a call raises torch.OutOfMemoryError: drop every recorded graph on the device,
   collect garbage (a compiled model the caller dropped may sit in a reference cycle with its graphs),
   return cached blocks to the device, and run the call once more. A second failure is raised: the
-  memory streamfuse could give back is given back, and eager would need about the same.
+  memory streamfuse could give back is given back, and eager would need about the same. A graph
+  that updates its inputs in place is never run again (its first attempt may have applied part of
+  its updates).
 """
 
 from __future__ import annotations
@@ -119,11 +121,14 @@ _handling = 0
 CompiledGraph, a model its specializations)."""
 
 
-def on_out_of_memory(call: Callable[[], T], device: torch.device | None = None) -> T:
+def on_out_of_memory(call: Callable[[], T], device: torch.device | None = None, retry: bool = True) -> T:
     """`call()`; if it runs out of device memory, drop every recorded graph on the device (None: the
-    current CUDA device), reclaim, and call once more."""
+    current CUDA device), reclaim, and call once more. `retry=False` for a graph that updates its
+    inputs in place (an optimizer step, running statistics): a call that failed half-way may have
+    applied some updates, and running it again would apply them twice, so its error is raised as
+    eager's would be."""
     global _handling
-    if _handling:
+    if _handling or not retry:
         return call()
     _handling += 1
     try:
