@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 import torch
 from fuzz_programs import (CI_EXAMPLES, FLOATS, GPU_EXAMPLES, INTERPRETER_BF16, LARGE, SUM_TOLERANCE, TINY,
-                           TOLERANCE, Program, Sizes)
+                           TOLERANCE, InputSpec, Program, Sizes)
 from fuzz_steps import programs
 from hypothesis import HealthCheck, given, settings
 from replay_emulation import emulate_replay
@@ -274,3 +274,14 @@ def test_fuzz_replayed_training(family: str, config: Config, device: torch.devic
     fuzz()
     replayed = [g for g in kept if isinstance(g, ReplayGraph) and g.replay_stats.replays > 0]
     assert len(replayed) >= 4, "too few programs' training graphs replayed: the test would not test replays"
+
+
+def test_constant_beside_a_reduction_broadcasts(config: Config, device: torch.device) -> None:
+    """Found by the long CPU fuzz (session 17): where(x1 > 0.3, x1, x0).sum(-1) with a 0-d x1. Its
+    backward computes where(cond, g, 0) and sums it in one reduction kernel, and the constant 0 was
+    a [1] block, which Triton cannot broadcast_to the kernel's [BLOCK_M, BLOCK_R]."""
+    program = Program(inputs=[InputSpec("x0", (3,), torch.float32, "contiguous"), InputSpec("x1", (), torch.float32, "contiguous")],
+                      lines=["v0 = torch.where((x1 > 0.3), x1, x0)", "v1 = v0.sum(-1, keepdim=False)"],
+                      outputs=["v1"], seed=0, scales=[(1.9475927352905273, 4.490197658538818)],
+                      config={"matmul_strategy": "auto"})
+    check_program(program, config, device)

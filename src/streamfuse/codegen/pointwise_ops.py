@@ -146,7 +146,9 @@ def emit_pointwise(node: Node, args: list[Any], target: str, wide: torch.dtype |
 
     if name in ("scalar_tensor", "full"):
         value = args[0] if name == "scalar_tensor" else args[1]
-        return f"tl.full([1], {literal(value)}, {TL_DTYPE[out]})"
+        # a 0-d value, like a load of a 0-d input: it broadcasts against any rank (a [1] block does not
+        # broadcast_to the [BLOCK_M, BLOCK_R] of a reduction kernel: long CPU fuzz, session 17)
+        return f"tl.full([], {literal(value)}, {TL_DTYPE[out]})"
     if name in _COMPARE:
         work = _compare_type(ops + [scalar(a) for a in args[1:2] if not isinstance(a, Operand)])
         common = _common_dtype(node)
