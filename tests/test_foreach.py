@@ -281,3 +281,66 @@ def test_an_update_reading_a_transposed_view_is_not_stored_in_place(config: stre
             eager(x)
             torch.testing.assert_close(model.w, eager.w, rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"call {k}: {m}")
     assert _last_plan(0).stored_in_place == 0
+
+
+class _Cache(torch.nn.Module):
+    """A static KV cache's step: the new entries written at `pos` (index_put through `cache[:, pos] =`
+    or index_copy_), then attention-like reads of the updated cache; `read_old` also reads the cache
+    before the update, in an op the update does not depend on."""
+
+    def __init__(self, op: str, read_old: bool) -> None:
+        super().__init__()
+        self.op, self.read_old = op, read_old
+        self.register_buffer("cache", torch.randn(2, 8, 4))
+
+    def forward(self, pos: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        old = self.cache.sum() if self.read_old else None
+        if self.op == "index_put":
+            self.cache[:, pos] = new
+        else:
+            self.cache.index_copy_(1, pos, new)
+        out = (self.cache * 2).sum(1)
+        return out if old is None else out + old
+
+
+@pytest.mark.parametrize("op", ["index_put", "index_copy"])
+@pytest.mark.parametrize("read_old", [False, True])
+def test_a_cache_update_runs_in_place_unless_the_old_value_is_read_beside_it(op: str, read_old: bool,
+                                                                              config: streamfuse.Config,
+                                                                              device: torch.device) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Cache(op, read_old).to(device)
+    eager = __import__("copy").deepcopy(model)
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        for step in range(3):
+            pos = torch.tensor([step * 2 + 1], device=device)
+            new = torch.randn(2, 1, 4, generator=torch.Generator().manual_seed(step)).to(device)
+            torch.testing.assert_close(compiled(pos, new), eager(pos, new), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(model.cache, eager.cache, rtol=0, atol=0, msg=lambda m, s=step: f"step {s}: {m}")
+    exe = _last_plan(0)
+    assert len(exe.graph.writebacks) == 1
+    # the sum of the old cache is not an ancestor of the update: the update keeps its copy
+    assert exe.stored_in_place == (0 if read_old else 1)
+    assert len(exe.writebacks) == (1 if read_old else 0)
+
+
+def test_a_cache_passed_as_an_input_is_updated_in_place(config: streamfuse.Config, device: torch.device) -> None:
+    """transformers' static cache reaches the backend as graph inputs (not buffers)."""
+    def step(cache: torch.Tensor, pos: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        cache[:, pos] = new
+        return (cache * 2).sum(1)
+
+    torch._dynamo.reset()
+    cache = torch.randn(2, 8, 4, device=device)
+    want = cache.clone()
+    compiled = torch.compile(step, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        for k in range(3):
+            pos = torch.tensor([k], device=device)
+            new = torch.randn(2, 1, 4, generator=torch.Generator().manual_seed(k)).to(device)
+            torch.testing.assert_close(compiled(cache, pos, new), step(want, pos, new), rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(cache, want, rtol=0, atol=0)
+    exe = _last_plan(0)
+    assert exe.stored_in_place == 1 and exe.writebacks == []

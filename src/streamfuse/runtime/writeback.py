@@ -5,17 +5,21 @@ AOTAutograd hands inference graphs their input mutations as `copy_(input, new va
 them as writebacks, and the plan applies them at the end of each call, after every kernel that
 reads the old value, in one multi-tensor copy. Where a generated pointwise kernel computes the new
 value, it can store it straight into the input instead (store_in_place), and the copy for it goes.
+So can an ATen scatter whose functional form copies the input and updates the copy (index_put,
+index_copy: a static KV cache's update, `cache[:, :, pos] = k`): it runs as its in-place overload on
+the input itself, which saves the copy of the whole input inside the op and the copy back.
 """
 
 from __future__ import annotations
 
 import networkx as nx
+import torch
 
 from streamfuse.fusion.groups import GroupKind, Plan
-from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.graph import Graph, Node, iter_nodes
 from streamfuse.ir.indexing import is_contiguous_meta
 from streamfuse.ir.ops import OpKind
-from streamfuse.runtime.steps import KernelStep, Step
+from streamfuse.runtime.steps import KernelStep, NodeStep, Step
 from streamfuse.schedule.plan import launch_predecessors
 
 
@@ -31,7 +35,9 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
       each element is loaded before it is stored, by the same program;
     - every other kernel reading the input, or a view of it, is an ancestor of this one, so every
       schedule (streams included) runs it first;
-    - the value is not also a result the caller sees."""
+    - the value is not also a result the caller sees.
+    An ATen index_put or index_copy of the input itself (not a view), whose other arguments do not
+    read it, runs as its in-place overload under the same reader rule."""
     owner = {n: i for i, g in enumerate(plan.groups) for n in g.nodes}
     index = {g.id: i for i, g in enumerate(plan.groups)}
     preds = launch_predecessors(plan.groups, plan.group_of())  # the stream scheduler's dependencies
@@ -39,12 +45,23 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
     dag.add_nodes_from(range(len(plan.groups)))
     visible = set(map(id, graph.outputs[: graph.user_outputs]))
     done: set[int] = set()
+
+    def read_before(gi: int, dst: Node) -> bool:
+        """Every launch but `gi` reading `dst` or a view of it runs before `gi` in any schedule."""
+        readers = {owner[u] for v in _views_of(dst) for u in v.users if u in owner and owner[u] != gi
+                   and plan.groups[owner[u]].kind is not GroupKind.ALIAS}
+        return readers <= nx.ancestors(dag, gi)
+
     for k, (out, dst) in enumerate(graph.writebacks):
         src = graph.outputs[out]
         if not isinstance(src, Node) or id(src) in visible or src not in owner or src.kind is OpKind.INPUT:
             continue
         gi = owner[src]
         step, group = steps[gi], plan.groups[gi]
+        if isinstance(step, NodeStep) and _scatter_fits(step, src, dst) and read_before(gi, dst):
+            step.calls[0].target = _IN_PLACE[src.op]  # returns `dst` itself, updated
+            done.add(k)
+            continue
         if not isinstance(step, KernelStep) or src not in step.source.outputs:
             continue
         part = group if group.kind is GroupKind.POINTWISE else next(
@@ -59,13 +76,30 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
             continue
         if any(u not in part.nodes or u.shape != dst.shape for u in dst.users if owner.get(u) == gi):
             continue
-        readers = {owner[u] for v in views for u in v.users if u in owner and owner[u] != gi
-                   and plan.groups[owner[u]].kind is not GroupKind.ALIAS}
-        if not readers <= nx.ancestors(dag, gi):
+        if not read_before(gi, dst):
             continue
         step.out_into[step.source.outputs.index(src)] = slot[dst]
         done.add(k)
     return done
+
+
+_IN_PLACE = {"aten.index_put.default": torch.ops.aten.index_put_.default,
+             "aten.index_copy.default": torch.ops.aten.index_copy_.default}
+"""Functional scatters (a copy of argument 0, updated) and their in-place overloads."""
+
+
+def _scatter_fits(step: NodeStep, src: Node, dst: Node) -> bool:
+    """`step` is an ATen scatter computing `dst`'s new value from `dst` itself, which its in-place
+    overload can do on `dst`; False for another op, argument 0 not `dst` itself, a layout or dtype
+    that differs, or another argument that reads `dst`'s memory (the update would overlap its own
+    source)."""
+    if len(step.calls) != 1 or step.calls[0].node is not src or src.op not in _IN_PLACE:
+        return False
+    if not src.args or src.args[0] is not dst or src.shape != dst.shape or src.dtype != dst.dtype \
+            or src.strides != dst.strides:
+        return False
+    views = set(_views_of(dst))
+    return not any(a in views for a in iter_nodes((src.args[1:], tuple(src.kwargs.values()))))
 
 
 def _views_of(node: Node) -> list[Node]:
