@@ -79,7 +79,7 @@ step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base
 step generate 330 python3 benchmarks/generate.py --profile --json "$OUT/generate.json"
 # issue 17's shape sweep (session 16): 20 random (batch, length) pairs per text model, both entry
 # points, at most 60 s each (the pairs that ran are reported)
-step shapes 420 python3 benchmarks/shapes.py --budget-s 60 --json "$OUT/shapes.json"
+step shapes 560 python3 benchmarks/shapes.py --budget-s 80 --json "$OUT/shapes.json"
 step training 500 python3 benchmarks/training.py --json "$OUT/training.json"
 # the training benchmark in two one-call halves (session 15): vision with the no-graph backend beside
 # (before/after of runtime/replay.py), then the text models
