@@ -162,8 +162,49 @@ def check_gradients(program: Program, config: Config, inputs: list[torch.Tensor]
     # judged against the largest gradient of the program: a gradient that is zero in exact arithmetic
     # (layer_norm's weight over one element) is rounding noise amplified by rsqrt(eps) in eager
     scale = max((float(g.abs().max()) for g in want if g.numel() and g.isfinite().all()), default=0.0)
-    assert_matches_eager([g for g in got if g is not None], want,
-                         "torch.compile(backend=streamfuse) backward (input gradients)", scales=[(scale, 0.0)] * len(want))
+    try:
+        assert_matches_eager([g for g in got if g is not None], want,
+                             "torch.compile(backend=streamfuse) backward (input gradients)",
+                             scales=[(scale, 0.0)] * len(want))
+    except AssertionError:
+        # float64 arbitrates (as benchmarks/training.py does): a layer norm over values equal in
+        # exact arithmetic multiplies the backward's rounding by rsqrt(eps) ~ 316, in eager as
+        # much as here; streamfuse passes if it is no further from float64 than twice eager float32
+        exact = [g for g in grads_in(program, leaves, torch.float64) if g is not None]
+        if not within_eager_error([g for g in got if g is not None], want, exact):
+            raise
+
+
+def grads_in(program: Program, leaves: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Tensor | None]:
+    """Eager's input gradients with float32 inputs cast to `dtype` (float64: the reference both
+    float32 runs are measured against), the same projection directions as check_gradients."""
+    xs = [t.detach().to(dtype if t.dtype == torch.float32 else t.dtype).requires_grad_(t.requires_grad)
+          for t in leaves]
+    outs = [o for o in _flat(program.function()(*xs)) if isinstance(o, torch.Tensor) and o.is_floating_point()
+            and o.requires_grad]
+    gen = torch.Generator().manual_seed(program.seed)
+    loss = sum((o.double() * torch.randn(o.shape, generator=gen).to(o.device).double()).sum() for o in outs)
+    got = torch.autograd.grad(loss, [x for x in xs if x.requires_grad], allow_unused=True)
+    return [None if g is None else g.detach() for g in got]
+
+
+def within_eager_error(got: list[torch.Tensor], want: list[torch.Tensor], exact: list[torch.Tensor]) -> bool:
+    """Each of `got` is at most twice as far from `exact` (float64) as eager float32's `want` is, plus
+    float32's rounding of the values themselves."""
+    if len(got) != len(want) or len(want) != len(exact):
+        return False
+    for g, w, e in zip(got, want, exact, strict=True):
+        g64, w64 = g.double().cpu(), w.double().cpu()
+        e64 = e.double().cpu()
+        finite = e64.isfinite() & w64.isfinite()
+        if not torch.equal(g64.isfinite(), w64.isfinite()):
+            return False
+        ours = float((g64 - e64)[finite].abs().max()) if finite.any() else 0.0
+        eager = float((w64 - e64)[finite].abs().max()) if finite.any() else 0.0
+        rounding = 2 ** -23 * (float(e64[finite].abs().max()) if finite.any() else 0.0)
+        if ours > 2 * eager + 4 * rounding:
+            return False
+    return True
 
 
 def check_replayed_gradients(program: Program, config: Config, device: str | torch.device, calls: int = 8) -> None:
@@ -285,3 +326,28 @@ def test_constant_beside_a_reduction_broadcasts(config: Config, device: torch.de
                       outputs=["v1"], seed=0, scales=[(1.9475927352905273, 4.490197658538818)],
                       config={"matmul_strategy": "auto"})
     check_program(program, config, device)
+
+
+def test_layer_norm_over_equal_values_is_judged_against_float64(config: Config, device: torch.device) -> None:
+    """Found by a long CPU fuzz (session 17): a layer norm over two values equal in exact arithmetic
+    (a softmax expanded and transposed) has a backward whose rounding rsqrt(eps) multiplies; eager
+    float32 and streamfuse then differ by more than float32's tolerance, and float64 says whose error
+    it is."""
+    program = Program(
+        inputs=[InputSpec("x0", (3,), torch.float32, "contiguous"), InputSpec("x1", (), torch.float32, "contiguous"),
+                InputSpec("x2", (2,), torch.float32, "contiguous")],
+        lines=["v0 = x0.sum(-1, keepdim=False)", "v1 = torch.softmax(x0, 0)", "v2 = v1.expand(2, 3)",
+               "v3 = v2.permute(1, 0)", "v4 = (v3 + 0.5)", "v5 = (v4 + x1)", "v6 = F.layer_norm(v5, [2], x2)",
+               "v7 = v6.sum([1], keepdim=True)", "v8 = (v6 + v7)"],
+        outputs=["v8", "v0"], seed=15111,
+        scales=[(1.9835985898971558, 0.0), (1.3710129261016846, 3.0901841819286346)],
+        config={"matmul_strategy": "triton"})
+    check_program(program, config, device)
+
+
+def test_the_float64_arbiter_still_fails_a_wrong_gradient() -> None:
+    exact = [torch.tensor([1.0, 2.0], dtype=torch.float64)]
+    eager = [torch.tensor([1.0 + 1e-6, 2.0])]
+    assert within_eager_error([torch.tensor([1.0 + 2e-6, 2.0])], eager, exact)
+    assert not within_eager_error([torch.tensor([1.0 + 1e-4, 2.0])], eager, exact)
+    assert not within_eager_error([torch.tensor([float("nan"), 2.0])], eager, exact)
