@@ -26,6 +26,7 @@ so compile-ro is eager there.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -60,6 +61,7 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> An
     return model.eval().to(device, dtype)
 
 
+@functools.cache
 def transformers_generation_config() -> Any:
     import transformers
 

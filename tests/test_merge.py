@@ -9,7 +9,8 @@ import torch.nn as nn
 from helpers import assert_close_to_reference
 
 import streamfuse
-from streamfuse.ir.merge import MergeCache, merge_sibling_convolutions
+from streamfuse.ir.fold import SnapshotCache
+from streamfuse.ir.merge import merge_sibling_convolutions, stacked
 
 
 def conv_bn(cin: int, cout: int, k: int, **kw: int) -> nn.Sequential:
@@ -101,14 +102,14 @@ def test_convolutions_with_live_weights_or_a_graph_output_stay_alone(config) -> 
         for n in graph.nodes:  # pretend the weights were folded: only the graph outputs keep them alone
             if n.op == "aten.convolution.default":
                 graph.snapshots.update(a for a in n.args[1:3] if a is not None)
-        assert merge_sibling_convolutions(graph, MergeCache()) == 0
+        assert merge_sibling_convolutions(graph, SnapshotCache()) == 0
 
 
 def test_merge_cache_stacks_once_per_set_of_weights() -> None:
-    cache = MergeCache()
+    cache = SnapshotCache()
     a, b = torch.randn(4, 3, 1, 1), torch.randn(2, 3, 1, 1)
-    first = cache.stacked((a, b))
-    assert cache.stacked((a, b)) is first and torch.equal(first, torch.cat([a, b]))
-    assert cache.stacked((b, a)) is not first
+    first = stacked(cache, (a, b))
+    assert stacked(cache, (a, b)) is first and torch.equal(first, torch.cat([a, b]))
+    assert stacked(cache, (b, a)) is not first
     cl = torch.randn(4, 3, 3, 3).contiguous(memory_format=torch.channels_last)
-    assert cache.stacked((cl, cl)).is_contiguous(memory_format=torch.channels_last)
+    assert stacked(cache, (cl, cl)).is_contiguous(memory_format=torch.channels_last)

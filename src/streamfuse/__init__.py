@@ -60,23 +60,23 @@ def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -
 
 def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph:
     from streamfuse.capture.export import Captured, capture
-    from streamfuse.ir.fold import FoldCache, fold_batchnorm
+    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import Graph
-    from streamfuse.ir.merge import MergeCache, merge_sibling_convolutions
+    from streamfuse.ir.merge import merge_sibling_convolutions
     from streamfuse.runtime.compiled import build
     from streamfuse.runtime.executable import build_executable, graph_device
 
-    folds, merges = FoldCache(), MergeCache()
+    snapshots = SnapshotCache()
 
     def convert(cap: Captured) -> Graph:
         """Captured -> Graph, batch-norms folded, sibling convolutions merged; every batch bucket
         shares one snapshot of the folded and stacked weights."""
         graph = graph_from_fx(cap.gm, cap.bound, cap.literals)
         if config.fold_batchnorm:
-            fold_batchnorm(graph, folds)
+            fold_batchnorm(graph, snapshots)
         if config.merge_sibling_convolutions:
-            merge_sibling_convolutions(graph, merges)
+            merge_sibling_convolutions(graph, snapshots)
         return graph
 
     start = time.perf_counter()

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 import torch
 
@@ -49,26 +49,29 @@ Sources = tuple[torch.Tensor | None, ...]
 """(weight, bias, gamma, beta, mean, var): the tensors one fold reads."""
 
 
-class FoldCache:
-    """Folded tensors keyed by the identity of their sources (and eps).
+T = TypeVar("T")
+
+
+class SnapshotCache:
+    """Tensors computed at compile time from a model's weights (folded batch-norms, stacked sibling
+    filters: ir/merge.py), keyed by the identity of their sources and what was computed.
 
     One compile may build several graphs of the same model (one per batch bucket, captured
-    later). Sharing the folds keeps one copy of the folded weights instead of one per bucket, and
-    gives every bucket the same snapshot even if the module's weights changed in between."""
+    later). Sharing the snapshots keeps one copy of the derived weights instead of one per bucket,
+    and gives every bucket the same snapshot even if the module's weights changed in between."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[object, ...], tuple[Sources, torch.Tensor, torch.Tensor]] = {}
+        self._entries: dict[tuple[object, ...], tuple[tuple[torch.Tensor | None, ...], Any]] = {}
 
-    def get(self, sources: Sources, eps: float,
-            make: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (*(id(t) for t in sources), eps)
+    def get(self, sources: tuple[torch.Tensor | None, ...], what: object, make: Callable[[], T]) -> T:
+        key = (*(id(t) for t in sources), what)
         hit = self._entries.get(key)
         # the entry holds its sources, so their ids cannot be reused while it lives; `is` is a guard
         if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
-            return hit[1], hit[2]
-        weight, bias = make()
-        self._entries[key] = (sources, weight, bias)
-        return weight, bias
+            return hit[1]  # type: ignore[no-any-return]
+        value = make()
+        self._entries[key] = (sources, value)
+        return value
 
 
 @dataclass
@@ -87,17 +90,18 @@ class _Match:
     """The batch-norm's nodes, removed by the fold; the last one's readers read the conv instead."""
 
 
-def fold_batchnorm(graph: Graph, cache: FoldCache | None = None) -> int:
+def fold_batchnorm(graph: Graph, cache: SnapshotCache | None = None) -> int:
     """Fold every foldable inference batch-norm into its convolution, in place; returns how many.
 
-    `cache` shares folded tensors between graphs of the same model (see FoldCache)."""
-    cache = cache if cache is not None else FoldCache()
+    `cache` shares folded tensors between graphs of the same model (see SnapshotCache)."""
+    cache = cache if cache is not None else SnapshotCache()
     folds = 0
     for conv in [n for n in graph.nodes if n.op == _CONV]:
         match = _match(graph, conv)
         if match is None:
             continue
-        weight, bias = cache.get(_sources(graph, match), match.eps, partial(_fold_tensors, graph, match))
+        weight, bias = cache.get(_sources(graph, match), ("batch-norm fold", match.eps),
+                                 partial(_fold_tensors, graph, match))
         _rewrite(graph, match, weight, bias)
         folds += 1
     return folds

@@ -14,7 +14,7 @@ It merges only convolutions whose weights (and biases) are compile-time snapshot
 after batch-norm folding, which is where inception networks' convolutions stand), so merging
 copies nothing a caller could still change in place; a convolution that is a graph output stays
 alone (the caller gets the layout eager gives). The merged filters are computed once, at compile
-time, and shared between the graphs of one model (`MergeCache`).
+time, and shared between the graphs of one model (ir/fold.SnapshotCache).
 
 Off by default (`Config.merge_sibling_convolutions`): the gain is not yet measured on the GPU.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from streamfuse.ir.fold import constant_node, drop_unread_constants, fresh_name
+from streamfuse.ir.fold import SnapshotCache, constant_node, drop_unread_constants, fresh_name
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.ops import OpKind
 
@@ -33,31 +33,23 @@ _CONV = "aten.convolution.default"
 _CONV_ARITY = 9
 
 
-class MergeCache:
-    """Stacked filters keyed by the identity of their sources: one copy per model, however many
-    graphs (batch buckets) are built from it."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[int, ...], tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
-
-    def stacked(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        key = tuple(id(t) for t in sources)
-        hit = self._entries.get(key)
-        # the entry holds its sources, so their ids cannot be reused while it lives
-        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
-            return hit[1]
+def stacked(cache: SnapshotCache, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """`sources` concatenated along dim 0 (in the first one's memory format), once per set of sources."""
+    def make() -> torch.Tensor:
         first = sources[0]
         with torch.no_grad():
             merged = torch.cat([t.detach() for t in sources], 0)
             if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) and not first.is_contiguous():
                 merged = merged.contiguous(memory_format=torch.channels_last)
-        self._entries[key] = (sources, merged)
         return merged
 
+    return cache.get(sources, "stacked along dim 0", make)
 
-def merge_sibling_convolutions(graph: Graph, cache: MergeCache | None = None) -> int:
-    """Merge every set of sibling convolutions in place; returns how many convolutions were removed."""
-    cache = cache if cache is not None else MergeCache()
+
+def merge_sibling_convolutions(graph: Graph, cache: SnapshotCache | None = None) -> int:
+    """Merge every set of sibling convolutions in place; returns how many convolutions were removed.
+    `cache` shares the stacked filters between graphs of the same model (ir/fold.SnapshotCache)."""
+    cache = cache if cache is not None else SnapshotCache()
     outputs = set(graph.output_nodes)
     siblings: dict[tuple[Any, ...], list[Node]] = {}
     for n in graph.nodes:
@@ -105,19 +97,19 @@ def _strides(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
     return (c * h * w, h * w, w, 1) if layout == "nchw" else (h * w * c, 1, w * c, c)
 
 
-def _merge(graph: Graph, convs: list[Node], cache: MergeCache) -> None:
+def _merge(graph: Graph, convs: list[Node], cache: SnapshotCache) -> None:
     """One convolution over the stacked filters before the first sibling; each sibling becomes a
     channel slice of it (the node itself is rewritten, so its readers need no change)."""
     names = {n.name for n in graph.nodes}
     first = convs[0]
     x, w, b = first.args[0], first.args[1], first.args[2]
     assert isinstance(w, Node)
-    weight = cache.stacked(tuple(graph.constants[c.args[1]] for c in convs))  # type: ignore[index]
+    weight = stacked(cache, tuple(graph.constants[c.args[1]] for c in convs))  # type: ignore[index]
     w_node = constant_node(graph, fresh_name(f"{w.name}_merged", names), weight)
     new_nodes = [w_node]
     b_node = None
     if b is not None:
-        bias = cache.stacked(tuple(graph.constants[c.args[2]] for c in convs))  # type: ignore[index]
+        bias = stacked(cache, tuple(graph.constants[c.args[2]] for c in convs))  # type: ignore[index]
         b_node = constant_node(graph, fresh_name(f"{first.name}_bias_merged", names), bias)
         new_nodes.append(b_node)
     channels = sum(c.shape[1] for c in convs)

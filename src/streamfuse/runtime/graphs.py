@@ -43,6 +43,7 @@ import torch
 
 from streamfuse.runtime import cudart
 from streamfuse.runtime.executable import Executable
+from streamfuse.runtime.memory import storage_bytes
 
 _use_count = torch._C._storage_Use_Count
 
@@ -129,7 +130,7 @@ class GraphRunner:
         """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
         self.use_copy_nodes = input_copy_node and self._copy_nodes_possible()
         self._static_ptrs = [t.data_ptr() for t in self.static_inputs]  # where the copy nodes write
-        self.reserved_bytes = sum(t.untyped_storage().nbytes() for t in self.static_inputs)
+        self.reserved_bytes = storage_bytes(self.static_inputs)
         """Device memory this runner keeps: its static inputs and every instance's pool (runtime/memory.py)."""
         first = self._record_instance()
         self.first = first

@@ -103,6 +103,13 @@ class GraphLedger:
 LEDGER = GraphLedger()
 
 
+def storage_bytes(tensors: list[Any]) -> int:
+    """Bytes of the distinct storages behind `tensors` (views of one buffer count once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(storages.values())
+
+
 def graph_memory_limit(device: torch.device, fraction: float) -> float:
     """Bytes the recorded graphs on `device` may keep (Config.graph_memory_fraction of its memory)."""
     return fraction * torch.cuda.get_device_properties(device).total_memory

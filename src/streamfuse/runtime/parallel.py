@@ -53,8 +53,8 @@ class ParallelModels:
 def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
              config: Config | None = None) -> ParallelModels:
     from streamfuse.capture.export import capture, normalize_inputs
-    from streamfuse.ir.fold import FoldCache, fold_batchnorm
-    from streamfuse.ir.merge import MergeCache, merge_sibling_convolutions
+    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
+    from streamfuse.ir.merge import merge_sibling_convolutions
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import disjoint_union
     from streamfuse.runtime.executable import graph_device
@@ -62,7 +62,7 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
     if not models:
         raise ValueError("models must be a non-empty list of (model, example_inputs) pairs")
     config = config or Config()
-    folds, merges = FoldCache(), MergeCache()  # the same model passed twice shares one copy of its folded weights
+    snapshots = SnapshotCache()  # the same model passed twice shares one copy of its folded weights
     graphs, counts, specs = [], [], []
     for i, pair in enumerate(models):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
@@ -75,9 +75,9 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
                              "streamfuse.parallel takes inference models")
         graph = graph_from_fx(captured.gm, captured.bound, captured.literals)
         if config.fold_batchnorm:
-            fold_batchnorm(graph, folds)
+            fold_batchnorm(graph, snapshots)
         if config.merge_sibling_convolutions:
-            merge_sibling_convolutions(graph, merges)
+            merge_sibling_convolutions(graph, snapshots)
         graphs.append(graph)
         counts.append((len(graph.inputs), len(graph.outputs)))
         specs.append(captured.out_spec)

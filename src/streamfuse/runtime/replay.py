@@ -55,6 +55,7 @@ import torch
 from streamfuse.runtime.compiled import CompiledGraph, _capturing, _settle_generators
 from streamfuse.runtime.fallback import failure_text
 from streamfuse.runtime.graphs import OutputGuard
+from streamfuse.runtime.memory import storage_bytes
 
 SMALL_INPUT_BYTES = 1 << 16
 """Inputs up to this size are always copied, even when they stayed put: a loss's incoming gradient
@@ -136,13 +137,9 @@ class PinnedGraph:
         """Bytes this graph keeps between calls, outside its pool's free blocks: the buffers it hands
         out (saved activations or gradients; distinct storages), those it copies out of on every
         replay, and the static buffers of its copied inputs."""
-        def total(tensors: list[torch.Tensor]) -> int:
-            storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-            return sum(storages.values())
-
-        return {"handed_out": total([o.value for o in self.outputs if o.kind == "pool"]),
-                "copied_out": total([o.value for o in self.outputs if o.kind == "copy"]),
-                "input_buffers": total(self.buffers), "inputs_read_in_place": len(self.pinned_at),
+        return {"handed_out": storage_bytes([o.value for o in self.outputs if o.kind == "pool"]),
+                "copied_out": storage_bytes([o.value for o in self.outputs if o.kind == "copy"]),
+                "input_buffers": storage_bytes(self.buffers), "inputs_read_in_place": len(self.pinned_at),
                 "inputs_copied": len(self.copied_at)}
 
     def staged(self, args: list[Any]) -> list[Any]:
