@@ -6,6 +6,9 @@ equal eager's (a mismatch is reported as a failure, not a speed).
     python benchmarks/generate.py [--model gpt2|llama] [--new-tokens 128] [--prompt 16]
                                   [--modes eager,compile,compile-ro,streamfuse] [--cache static|dynamic]
 
+A streamfuse mode may carry Config settings, `streamfuse[matmul_strategy=cublas]`, to compare
+settings side by side in one run.
+
 Each mode runs in a process of its own (a crash in one is reported, not fatal to the others;
 `--in-process` runs them in one). `--cache static` (the default) is transformers' StaticCache (`cache_implementation="static"`), the
 setting transformers documents for torch.compile: fixed shapes, so one graph for the prefill and one
@@ -99,8 +102,9 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
             import transformers
 
             model.generation_config.compile_config = transformers.CompileConfig(mode="reduce-overhead")
-        elif mode == "streamfuse":
-            model.forward = torch.compile(forward, backend=streamfuse.make_backend())
+        elif mode.startswith("streamfuse"):
+            model.forward = torch.compile(forward, backend=streamfuse.make_backend(streamfuse.Config().with_settings(
+                mode_settings(mode))))
         start = time.perf_counter()
         own = mode == "compile-ro"
         out = generate(model, ids, args.new_tokens, args.cache, own)
@@ -133,6 +137,12 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
             del model._compiled_call
         torch._dynamo.reset()
     return result
+
+
+def mode_settings(mode: str) -> list[str]:
+    """A streamfuse mode's Config settings: `streamfuse[name=value;name=value]` (none for `streamfuse`)."""
+    _, _, rest = mode.partition("[")
+    return [s for s in rest.rstrip("]").split(";") if s.strip()]
 
 
 def profiled(call: Any, mode: str, tokens: int, device: torch.device) -> dict[str, str]:
@@ -198,14 +208,15 @@ def isolated(args: argparse.Namespace, modes: list[str]) -> int:
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     eager = next((r.get("tokens_per_s") for r in results if r["mode"] == "eager"), None)
     ro = next((r.get("tokens_per_s") for r in results if r["mode"] == "compile-ro"), None)
-    print(f"{'mode':<12} {'tokens/s':>10} {'vs eager':>9} {'vs RO':>7} {'first call s':>13}  tokens")
+    width = max(12, *(len(r["mode"]) for r in results))
+    print(f"{'mode':<{width}} {'tokens/s':>10} {'vs eager':>9} {'vs RO':>7} {'first call s':>13}  tokens")
     for r in results:
         tps = r.get("tokens_per_s")
         cells = [f"{tps:10.1f}" if tps else f"{'-':>10}",
                  f"{tps / eager:8.2f}x" if tps and eager else f"{'-':>9}",
                  f"{tps / ro:6.2f}x" if tps and ro else f"{'-':>7}",
                  f"{r['first_s']:13.1f}" if "first_s" in r else f"{'-':>13}"]
-        print(f"{r['mode']:<12} " + " ".join(cells) + ("  same as eager" if "error" not in r else f"  FAILED: {r['error']}"))
+        print(f"{r['mode']:<{width}} " + " ".join(cells) + ("  same as eager" if "error" not in r else f"  FAILED: {r['error']}"))
     for r in results:
         for key in ("gpu_profile", "host_profile"):
             if key in r:
@@ -234,8 +245,14 @@ def main() -> int:
                     help="run every mode in this process (default: each in a process of its own, see below)")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")
+    if not modes or any(m.partition("[")[0] not in MODES or ("[" in m and not m.startswith("streamfuse[")) for m in modes):
+        raise SystemExit(f"error: --modes takes {', '.join(MODES)} (streamfuse also as streamfuse[NAME=VALUE;...] "
+                         f"with Config settings); got {args.modes!r}")
+    for m in modes:
+        try:
+            __import__("streamfuse").Config().with_settings(mode_settings(m))
+        except (ValueError, TypeError) as exc:
+            raise SystemExit(f"error: --modes {m!r}: {exc}") from exc
     if not args.in_process and len(modes) > 1:
         return isolated(args, modes)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -22,7 +22,7 @@ if [ "${1:-}" = record ]; then
            bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt \
            generate.txt generate.json training.txt training.json training-vision.txt training-vision.json \
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
-           shapes.txt shapes.json training-large.txt training-large.json; do
+           shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -44,7 +44,7 @@ step() {  # name, time limit in seconds, command...
 }
 step tests 420 python3 -m pytest -q -n 16 -W ignore -p no:logging --tb=line tests
 step replay 150 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_replay.py tests/test_training.py tests/test_api.py \
-  tests/test_foreach.py tests/test_dropout.py
+  tests/test_foreach.py tests/test_dropout.py tests/test_memory.py
 step epilogue 150 python3 benchmarks/epilogue.py --out "$OUT/epilogue"
 step streams 320 python3 benchmarks/streams_graphs.py --out "$OUT/streams"
 step host 60 python3 benchmarks/host_overhead.py
@@ -76,10 +76,15 @@ step merge 560 bash -c 'for m in off on; do streamfuse bench --suite models --mo
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --history --profile --json "$OUT/training-mix.json"
-step generate 330 python3 benchmarks/generate.py --profile --json "$OUT/generate.json"
+# streamfuse[matmul_strategy=cublas] beside the default (session 18): whether the one-row products'
+# Triton template or cuBLAS's matrix-vector kernels serve GPT-2's decode step better
+step generate 400 python3 benchmarks/generate.py --profile --reps 5 \
+  --modes "eager,compile,compile-ro,streamfuse,streamfuse[matmul_strategy=cublas]" --json "$OUT/generate.json"
 # issue 17's shape sweep (session 16): 20 random (batch, length) pairs per text model, both entry
 # points, at most 60 s each (the pairs that ran are reported)
 step shapes 560 python3 benchmarks/shapes.py --budget-s 80 --json "$OUT/shapes.json"
+# the 0.85 B Llama alone, with time for all 20 pairs per entry point (~5 s per new shape; run 72)
+step shapes-llama 400 python3 benchmarks/shapes.py --models llama --budget-s 170 --json "$OUT/shapes-llama.json"
 step training 500 python3 benchmarks/training.py --json "$OUT/training.json"
 # the training benchmark in two one-call halves (session 15): vision with the no-graph backend beside
 # (before/after of runtime/replay.py), then the text models
@@ -108,6 +113,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 for f in models-a models-b models-c models-d models-e merge; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
+[ -f "$OUT/shapes-llama.txt" ] && tail -10 "$OUT/shapes-llama.txt"
 for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"

@@ -198,6 +198,32 @@ def test_batch_norm_training_updates_running_stats_like_eager(config) -> None:  
     assert compiled.capture_path.startswith("AOTAutograd export")
 
 
+def test_an_in_place_view_of_an_intermediate_stays_on_the_one_trace_path(config) -> None:  # type: ignore[no-untyped-def]
+    """Adaptive average pooling of a channels-last-strided tensor traces as mean -> as_strided_
+    (convnext, swin): nothing else reads the mean, so the in-place view becomes as_strided and the
+    model keeps the one-trace capture (it went through AOTAutograd's export, a second trace, before)."""
+
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.pool = torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.conv(x).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)  # channels-last strides
+            return self.pool(y).permute(0, 2, 3, 1) * 2
+
+    torch.manual_seed(0)
+    model = Head().eval()
+    x = randn(2, 3, 9, 9)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        for batch in (2, 3):
+            x = randn(batch, 3, 9, 9, seed=batch)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert compiled.capture_path == "one trace"
+    assert "aten.as_strided.default" in {n.op for n in compiled.graph.nodes}
+
+
 def test_cli_demo_runs_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out

@@ -344,3 +344,68 @@ def test_a_cache_passed_as_an_input_is_updated_in_place(config: streamfuse.Confi
             torch.testing.assert_close(cache, want, rtol=0, atol=0)
     exe = _last_plan(0)
     assert exe.stored_in_place == 1 and exe.writebacks == []
+
+
+@pytest.mark.gpu
+def test_a_replayed_graph_updates_a_cache_input_where_it_is(config: streamfuse.Config, device: torch.device) -> None:
+    """On CUDA the recorded graph reads and writes the caller's cache itself, with no copy in and back
+    (runtime/graphs.py); a call with another cache tensor records the graph again for it, and after
+    MAX_MOVES such moves the graph copies the cache instead. Every call matches eager, cache included."""
+    from streamfuse.runtime.graphs import MAX_MOVES
+
+    def step(cache: torch.Tensor, pos: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cache.index_copy_(1, pos, new)
+        return (cache * 2).sum(1), torch.tanh(cache).amax(2)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=streamfuse.make_backend(config))
+    caches = [torch.randn(2, 8, 4, device=device) for _ in range(MAX_MOVES + 2)]
+    wants = [c.clone() for c in caches]
+    order = [0, 0, 0, 1, 1, 2, 3, 4, 4, 0]
+    plan = None
+    with torch.no_grad():
+        for k, which in enumerate(order):
+            pos = torch.tensor([k % 8], device=device)
+            new = torch.randn(2, 1, 4, generator=torch.Generator().manual_seed(k)).to(device)
+            got, want = compiled(caches[which], pos, new), step(wants[which], pos, new)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=lambda m, k=k: f"call {k}: {m}")
+            for c, w in zip(caches, wants, strict=True):
+                torch.testing.assert_close(c, w, rtol=0, atol=0, msg=lambda m, k=k: f"call {k}, caches: {m}")
+            if k == 2:  # three calls on one cache: one graph, reading it in place
+                plan = backend_module.compiled_graphs[-1].compiled
+                runner = next(iter(plan._runners.values()))
+                assert runner.in_place == [0] and runner.written == [], plan.explain(source=False)
+                assert runner.static_inputs[0] is None  # no reference to the caller's cache is kept
+    assert plan is not None
+    assert plan.inputs_moved == MAX_MOVES
+    runner = next(iter(plan._runners.values()))
+    assert runner.in_place == [] and runner.written == [0]  # moved too often: copied in and back
+    assert "inputs updated in place: 1" in plan.explain(source=False)
+
+
+@pytest.mark.gpu
+def test_a_graph_reading_a_cache_in_place_does_not_keep_it_alive(config: streamfuse.Config,
+                                                                  device: torch.device) -> None:
+    """transformers makes a new static cache for every generate() call: a graph holding the old one
+    would push each new cache to another address (a move, and a new recording, per call)."""
+    import weakref
+
+    def step(cache: torch.Tensor, pos: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(0, pos, new)
+        return cache.sum(0)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=streamfuse.make_backend(config))
+    cache = torch.randn(16, 32, device=device)
+    want = cache.clone()
+    with torch.no_grad():
+        for k in range(3):
+            pos = torch.tensor([k], device=device)
+            new = torch.randn(1, 32, generator=torch.Generator().manual_seed(k)).to(device)
+            torch.testing.assert_close(compiled(cache, pos, new), step(want, pos, new), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cache, want, rtol=0, atol=0)
+    plan = backend_module.compiled_graphs[-1].compiled
+    assert next(iter(plan._runners.values())).in_place == [0], plan.explain(source=False)
+    gone = weakref.ref(cache)
+    del cache
+    assert gone() is None

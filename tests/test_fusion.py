@@ -176,3 +176,29 @@ def test_reduction_of_an_operand_broadcast_along_the_reduced_dims(fn, config, de
     # the operand loads as a [BLOCK_M, 1] column (or a scalar): it must count row_size times
     # (x[5, 1].expand(5, 8).sum(1) returned x; found by tests/test_fuzz.py)
     compile_and_check(fn, [randn(5, 1, device=device)], config)
+
+
+def test_the_planner_keeps_the_group_edges_it_walks_up_to_date(config) -> None:  # type: ignore[no-untyped-def]
+    """fusion/planner._Partition keeps each group's successors and predecessors through merges
+    (the cycle check walks them): after every merge of a random sequence they equal the edges
+    recomputed from the members' users."""
+    import random
+
+    from streamfuse.fusion.planner import _Partition
+
+    def fn(x, w):  # type: ignore[no-untyped-def]
+        h = torch.relu(x @ w) + x.sum(-1, keepdim=True)
+        return torch.softmax(h * 2, -1) + torch.tanh(h).mean(0), h.exp()
+
+    compiled = compile_and_check(fn, [randn(6, 8, seed=1), randn(8, 8, seed=2)], config.replace(fuse=False))
+    graph = compiled.graph
+    ops = graph.ops()
+    state = _Partition(ops, {n: i for i, n in enumerate(graph.nodes)}, 132)
+    rng = random.Random(0)
+    while len(state.members) > 1:
+        a, b = rng.sample(sorted(state.members), 2)
+        state.merge(a, b, split=1)
+        for g, nodes in state.members.items():
+            want = {state.group_of[u] for n in nodes for u in n.users if u in state.group_of} - {g}
+            assert state.successors(g) == want
+            assert state._pred[g] == {h for h in state.members if g in state.successors(h)}

@@ -148,6 +148,7 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. data-dependent control flow: the next path tries
         raise _NotOneTrace(f"{type(exc).__name__}: {exc}") from exc
+    _functional_views(gm)
     for node in gm.graph.nodes:
         if _writes_arguments(node):
             # functionalize left an op writing its arguments: AOTAutograd's export turns it into its
@@ -176,6 +177,27 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
     gm.recompile()
     bound = {n.name: state[key] for n, key in owner.items()}
     return Captured(gm=gm, bound=bound, out_spec=spec[-1], input_names=names, mutated=mutated)
+
+
+def _functional_views(gm: torch.fx.GraphModule) -> None:
+    """An in-place view op (`as_strided_`, `transpose_`: a new shape for the same memory) whose
+    argument nothing else reads becomes its out-of-place view: no one can tell the difference, and
+    the trace stays on this path (convnext's and swin's pooling left `mean -> as_strided_`, which sent
+    them through AOTAutograd's export: a second trace, the slowest part of their compile)."""
+    for node in list(gm.graph.nodes):
+        target = node.target
+        if not (isinstance(target, torch._ops.OpOverload) and torch.Tag.inplace_view in target.tags):
+            continue
+        base = node.args[0] if node.args else None
+        if not (isinstance(base, torch.fx.Node) and base.op != "placeholder" and list(base.users) == [node]):
+            continue
+        packet = getattr(torch.ops.aten, target._schema.name.split("::")[-1].rstrip("_"), None)
+        functional = getattr(packet, target._overloadname, None) if packet is not None else None
+        if not isinstance(functional, torch._ops.OpOverload) or \
+                [a.name for a in functional._schema.arguments] != [a.name for a in target._schema.arguments]:
+            continue
+        node.target = functional
+    gm.graph.lint()
 
 
 def _writes_arguments(node: torch.fx.Node) -> bool:

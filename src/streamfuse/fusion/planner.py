@@ -94,6 +94,14 @@ class _Partition:
         """Group id -> per-thread work divisor chosen when it was merged (fusion/geometry.py)."""
         self.group_of: dict[Node, int] = {n: i for i, n in enumerate(ops)}
         self.members: dict[int, list[Node]] = {i: [n] for i, n in enumerate(ops)}
+        # the group DAG's edges, kept up to date by merge (the cycle check walks them thousands of
+        # times: recomputing them from the members' users was most of a 16-layer Llama's planning)
+        self._succ: dict[int, set[int]] = {
+            i: {self.group_of[u] for u in n.users if u in self.group_of} - {i} for i, n in enumerate(ops)}
+        self._pred: dict[int, set[int]] = {i: set() for i in self._succ}
+        for g, succ in self._succ.items():
+            for s in succ:
+                self._pred[s].add(g)
 
     def merge(self, a: int, b: int, split: int) -> None:
         """Group b joins group a, which launches with per-thread work divided by `split`."""
@@ -102,9 +110,20 @@ class _Partition:
         for n in self.members[b]:
             self.group_of[n] = a
         self.members[a] = sorted(self.members[a] + self.members.pop(b), key=self.position.__getitem__)
+        succ_b, pred_b = self._succ.pop(b), self._pred.pop(b)
+        for s in succ_b:
+            self._pred[s].discard(b)
+            if s != a:
+                self._pred[s].add(a)
+        for q in pred_b:
+            self._succ[q].discard(b)
+            if q != a:
+                self._succ[q].add(a)
+        self._succ[a] = (self._succ[a] | succ_b) - {a, b}
+        self._pred[a] = (self._pred[a] | pred_b) - {a, b}
 
     def successors(self, g: int) -> set[int]:
-        return {self.group_of[u] for n in self.members[g] for u in n.users if u in self.group_of} - {g}
+        return self._succ[g]
 
     def path_through_other(self, src: int, dst: int) -> int | None:
         """A group on a path src -> X -> dst (X not src or dst), if any: merging would make a cycle."""

@@ -27,7 +27,7 @@ from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.runtime.executable import BadInput, Executable, InputMismatch, build_executable, raise_bad_input
 from streamfuse.runtime.fallback import failure_text, warn_fallback
-from streamfuse.runtime.graphs import GraphRunner
+from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
 from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
@@ -103,6 +103,8 @@ class CompiledGraph:
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
+        self.inputs_moved = 0
+        """Calls whose inputs updated in place had moved from where the graph read them (runtime/graphs.py)."""
 
     # -- the pieces of the base plan, for introspection -------------------------------
     @property
@@ -235,13 +237,23 @@ class CompiledGraph:
         padded = batch if batch in self._variants else self._bucket(batch)
         runner = self._runners.get(padded)
         if runner is None:
-            runner = self._record(padded)
+            runner = self._record(padded, inputs)
             if runner is None:  # capture failed: run on streams from now on
                 return self._run_flat(list(inputs))
         else:
             self._runners.move_to_end(padded)
             LEDGER.touch(self, padded)
-        return runner(inputs, batch)
+        try:
+            return runner(inputs, batch)
+        except InputsMoved:
+            # an input the graph updates in place is somewhere else now (a new KV cache): record the
+            # graph again, for its new place, or with copies once that happened MAX_MOVES times
+            self.inputs_moved += 1
+            self.drop_graph(padded)
+            runner = self._record(padded, inputs)
+            if runner is None:
+                return self._run_flat(list(inputs))
+            return runner(inputs, batch)
 
     def _check_batch(self, inputs: Sequence[Any]) -> int:
         expected = self.base.graph.inputs
@@ -321,11 +333,12 @@ class CompiledGraph:
         self._variants[padded] = exe
         self._slices[padded] = slices
 
-    def _record(self, padded: int) -> GraphRunner | None:
+    def _record(self, padded: int, inputs: Sequence[Any]) -> GraphRunner | None:
         try:
             runner = GraphRunner(self._variants[padded], self._slices[padded],
                                  self.config.reuse_outputs, self.config.output_sets,
-                                 self.config.input_copy_node and copy_nodes_pay(len(self.base.graph.inputs)))
+                                 self.config.input_copy_node and copy_nodes_pay(self._copied_inputs()),
+                                 inputs if self.inputs_moved < MAX_MOVES else None)
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to stream execution
             torch.cuda.synchronize(self.device)
             _settle_generators(self.device)
@@ -338,6 +351,12 @@ class CompiledGraph:
             self._runners.popitem(last=False)
         LEDGER.add(self, padded, self.device, graph_memory_limit(self.device, self.config.graph_memory_fraction))
         return runner
+
+    def _copied_inputs(self) -> int:
+        """Inputs a recorded graph copies in on each call: all but those it updates in place, which
+        it reads where they are (runtime/graphs.py) until they moved MAX_MOVES times."""
+        inputs = self.base.graph.inputs
+        return len(inputs) - (len(self.base.graph.written_inputs) if self.inputs_moved < MAX_MOVES else 0)
 
     def graph_bytes(self, key: int) -> int | None:
         """What the graph recorded for batch bucket `key` keeps (runtime/memory.GraphLedger), or None."""
@@ -368,6 +387,7 @@ class CompiledGraph:
             "events": self.base.schedule.events,
             "graphs": len(self._runners),
             "graph_instances": sum(r.instances for r in self._runners.values()),
+            "inputs_moved": self.inputs_moved,
             "graph_mib": round(sum(r.reserved_bytes for r in self._runners.values()) / 2**20, 1),
             "specializations": len(self.specializations),
             "specializations_built": self.specializations_built,
@@ -383,7 +403,7 @@ class CompiledGraph:
         """Where the recorded graphs copy a call's inputs, in words (explain)."""
         if not self.config.input_copy_node:
             return "before the replay (Config.input_copy_node=False)"
-        n = len(self.base.graph.inputs)
+        n = self._copied_inputs()
         if not copy_nodes_pay(n):
             return (f"before the replay: one batched copy of {n} inputs costs less than {n} copy-node updates"
                     if n else "no inputs")
@@ -465,14 +485,16 @@ def graph_skip_reason(exe: Executable) -> str | None:
     # launching directly allocates every intermediate and result on the host, per call
     allocations = sum(len(g.outputs) for g in exe.plan.groups if g.launches)
     saved = launches * (DIRECT_LAUNCH_US - GRAPH_NODE_US) + allocations * ALLOC_US
-    tensors = list(exe.graph.inputs)
+    # inputs the graph updates in place are read where they are (runtime/graphs.py): not copied
+    written = set(exe.graph.written_inputs)
+    tensors = [n for i, n in enumerate(exe.graph.inputs) if i not in written]
+    copied_inputs = len(tensors)
     # the caller's outputs only: those written back into inputs stay inside the graph
     visible = [o for o in exe.graph.outputs[: exe.graph.user_outputs] if isinstance(o, Node)]
     if not exe.config.reuse_outputs:
         tensors += visible
-    tensors += [exe.graph.inputs[i] for i in exe.graph.written_inputs]  # copied back to the caller after the replay
     copy_bytes = sum(n.numel * n.itemsize for n in tensors)
-    inputs_in = input_copy_us(len(exe.graph.inputs), exe.config.input_copy_node)
+    inputs_in = input_copy_us(copied_inputs, exe.config.input_copy_node)
     outputs = 0 if exe.config.reuse_outputs else len(visible)
     out_copy = 0.0 if exe.config.reuse_outputs else COPY_CALL_US
     cost = copy_bytes / COPY_BYTES_PER_US + inputs_in + out_copy + outputs * VIEW_US + REPLAY_US

@@ -31,6 +31,17 @@ nodes cannot be made (no CUDA runtime found through ctypes, an input without ele
 that yields no memcpy node), the runner copies before the replay as without them, and says why
 (CompiledGraph.input_copy, explain). With the copy as the graph's single root node, CUPTI no
 longer starts the first kernels of its streams one after another (PERF.md session 12).
+
+Inputs the graph updates in place (Graph.writebacks: a static KV cache handed to the forward,
+a buffer passed as an argument) are read and written where they are: the graph is recorded on the
+caller's own tensor, as eager updates it, instead of copying it into a static buffer before the
+replay and back after it (GPT-2's decode step copied its 24 caches twice per token: 48 copies and
+a host-side batched copy, session 18). Such an input must be contiguous at recording and sit at the
+same address on every later call. No reference to it is kept (a result in its memory is rebuilt
+from the call's tensor), so a caller that frees it and makes a new one of the same size, as
+transformers does for every generate() call, usually gets the same memory back. A call where it
+moved raises InputsMoved; the owner records the graph again, with copies for such inputs once they
+moved MAX_MOVES times.
 """
 
 from __future__ import annotations
@@ -48,34 +59,47 @@ from streamfuse.runtime.memory import storage_bytes
 _use_count = torch._C._storage_Use_Count
 
 
+MAX_MOVES = 1
+"""Recordings a CompiledGraph makes for in-place inputs that moved before it copies them instead."""
+
+
+class InputsMoved(Exception):
+    """An input the graph reads in place is not where the graph was recorded: record it again."""
+
+
 class _Instance:
     """One recorded graph of the runner's plan with its own intermediate and output buffers;
-    with `sources`, the graph first copies each source into its static input (memcpy nodes)."""
+    with `sources`, the graph first copies each source into the static input at the same position of
+    `copied` (memcpy nodes); the other static inputs are the caller's tensors, read in place."""
 
-    def __init__(self, exe: Executable, static_inputs: list[torch.Tensor], sources: list[torch.Tensor] | None = None):
+    def __init__(self, exe: Executable, static_inputs: list[torch.Tensor], sources: list[torch.Tensor] | None = None,
+                 copied: list[int] | None = None):
+        copied = list(range(len(static_inputs))) if copied is None else copied
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
-        warm.wait_stream(caller)
         with exe.writebacks_undone(static_inputs):
+            # after the caller's stream took its saved copies: an input read in place is the caller's
+            # own tensor, which the warm-up updates (session 18: waiting before the copies were taken
+            # let the warm-up's update race them, and the "restore" kept the update)
+            warm.wait_stream(caller)
             with torch.cuda.stream(warm):  # compiles Triton kernels and settles the allocator outside capture
                 for _ in range(2):
                     exe.run(static_inputs)
             caller.wait_stream(warm)
         self.graph = torch.cuda.CUDAGraph(keep_graph=sources is not None)
-        reserved = torch.cuda.memory_reserved(exe.device)
         with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+            # measured inside: entering the capture empties the allocator's cache, so a count taken
+            # before it could fall by more than the pool grows (run 73: a negative size kept a graph
+            # beyond Config.graph_memory_fraction)
+            reserved = torch.cuda.memory_reserved(exe.device)
             if sources is not None:
                 stream = torch.cuda.current_stream(exe.device).cuda_stream
-                for dst, src in zip(static_inputs, sources, strict=True):
+                for dst, src in zip([static_inputs[i] for i in copied], sources, strict=True):
                     cudart.memcpy_d2d_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, stream)
             results = exe.run(static_inputs)
-        self.reserved_bytes = torch.cuda.memory_reserved(exe.device) - reserved
+        self.reserved_bytes = max(0, torch.cuda.memory_reserved(exe.device) - reserved)
         """What capture reserved: the graph's pool (its buffers' peak and its outputs)."""
-        # the outputs the caller sees; those written back into inputs (Graph.writebacks) were copied
-        # or stored there inside the graph, and keep_alive holds them (nothing else may be placed
-        # there: the pool is this graph's alone, but the buffers stay where the replay writes)
-        self.outputs: list[Any] = results[: exe.graph.user_outputs]
-        self.keep_alive: list[Any] = results[exe.graph.user_outputs:]
+        self._adopt(exe, results, static_inputs, copied)
         del results
         self.copy_nodes: list[int] = []
         self.exec = 0
@@ -84,12 +108,33 @@ class _Instance:
         if sources is not None:
             self.graph.instantiate()
             nodes = cudart.memcpy_nodes(self.graph.raw_cuda_graph())
-            missing = [i for i, dst in enumerate(static_inputs) if dst.data_ptr() not in nodes]
+            missing = [i for i in copied if static_inputs[i].data_ptr() not in nodes]
             if missing:
                 raise cudart.CudartError(f"no memcpy node for input(s) {missing} in the captured graph")
-            self.copy_nodes = [nodes[dst.data_ptr()] for dst in static_inputs]
+            self.copy_nodes = [nodes[static_inputs[i].data_ptr()] for i in copied]
             self.exec = self.graph.raw_cuda_graph_exec()
         self.guard = OutputGuard(self.outputs)
+
+    def _adopt(self, exe: Executable, results: list[Any], static_inputs: list[torch.Tensor], copied: list[int]) -> None:
+        """Keep the recorded run's results: the outputs the caller sees; those written back into
+        inputs (Graph.writebacks) were copied or stored there inside the graph, and keep_alive holds
+        them (nothing else may be placed there: the pool is this graph's alone, but the buffers stay
+        where the replay writes). Nothing may hold an input read in place: a result in its memory
+        (the cache an in-place update returns, a view of it) is rebuilt from the call's own tensor
+        (run 74: keep_alive held the caller's cache, so each new cache landed elsewhere)."""
+        kept = set(copied)
+        pinned = {static_inputs[i].untyped_storage().data_ptr(): i for i in range(len(static_inputs)) if i not in kept}
+
+        def owner(t: Any) -> int | None:
+            return pinned.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+
+        user = results[: exe.graph.user_outputs]
+        self.aliases: dict[int, tuple[int, tuple[int, ...], tuple[int, ...], int]] = {
+            j: (i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            for j, t in enumerate(user) if (i := owner(t)) is not None}
+        """Output position -> (input read in place, size, stride, storage offset) of a result in its memory."""
+        self.outputs: list[Any] = [None if j in self.aliases else t for j, t in enumerate(user)]
+        self.keep_alive: list[Any] = [t for t in results[exe.graph.user_outputs:] if owner(t) is None]
 
 
 class OutputGuard:
@@ -111,28 +156,49 @@ class OutputGuard:
         return self._counts() != self._baseline
 
 
+def readable_in_place(t: Any, node: Any, device: torch.device) -> bool:
+    """`t` can be the graph's own input for `node`: a contiguous tensor of its exact shape and dtype
+    on the graph's device (the layout of the static buffer it replaces)."""
+    return (isinstance(t, torch.Tensor) and t.device == device and t.dtype == node.dtype
+            and tuple(t.shape) == tuple(node.shape) and t.is_contiguous())
+
+
 class GraphRunner:
     def __init__(self, exe: Executable, batch_slices: Sequence[int | None], reuse_outputs: bool,
-                 output_sets: int = 0, input_copy_node: bool = False):
+                 output_sets: int = 0, input_copy_node: bool = False, inputs: Sequence[Any] | None = None):
         """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
         batch * that), or None for an output that does not depend on the batch. `output_sets`: how
         many instances may hand out their own output buffers (Config.output_sets).
-        `input_copy_node`: copy the inputs inside the graph (Config.input_copy_node)."""
+        `input_copy_node`: copy the inputs inside the graph (Config.input_copy_node). `inputs`: the
+        call's inputs; those the graph updates in place are read where they are (see the module's
+        docstring). None copies every input."""
         self.exe = exe
         self.reuse_outputs = reuse_outputs
         self.batch_slices = list(batch_slices)[: exe.graph.user_outputs]
-        self.static_inputs = [torch.zeros(n.shape, dtype=n.dtype, device=exe.device) for n in exe.graph.inputs]
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
-        self.written = exe.graph.written_inputs
-        """Inputs the graph updates in place (Graph.writebacks; a static KV cache passed as an input):
-        the graph updates its static copy, and each call copies that back into the caller's tensor."""
+        self.in_place = [i for i in exe.graph.written_inputs
+                         if inputs is not None and readable_in_place(inputs[i], exe.graph.inputs[i], exe.device)]
+        """Inputs the graph updates, read and written in the caller's tensors: the graph points at
+        their memory, and replays only while the call's tensor is there (_check_in_place)."""
+        self.static_inputs: list[torch.Tensor | None] = [
+            None if i in self.in_place else torch.zeros(n.shape, dtype=n.dtype, device=exe.device)
+            for i, n in enumerate(exe.graph.inputs)]
+        """The buffers copied inputs land in; None where the caller's tensor is read in place (no
+        reference to it is kept: holding the caller's old cache would keep its memory from the
+        caller's next cache, which then lands elsewhere and moves every time)."""
+        self.copied = [i for i in range(len(self.static_inputs)) if i not in self.in_place]
+        """Inputs copied into static buffers on each call."""
+        self.written = [i for i in exe.graph.written_inputs if i not in self.in_place]
+        """Inputs the graph updates in its static copy: each call copies that back into the caller's tensor."""
         self.copy_node_failure: str | None = None
         """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
         self.use_copy_nodes = input_copy_node and self._copy_nodes_possible()
-        self._static_ptrs = [t.data_ptr() for t in self.static_inputs]  # where the copy nodes write
-        self.reserved_bytes = storage_bytes(self.static_inputs)
+        self._static_ptrs = [self._static(i).data_ptr() for i in self.copied]  # where the copy nodes write
+        self._in_place_ptrs = [inputs[i].data_ptr() for i in self.in_place]  # type: ignore[index]
+        self._in_place_storages = {inputs[i].untyped_storage().data_ptr() for i in self.in_place}  # type: ignore[index]
+        self.reserved_bytes = storage_bytes([self.static_inputs[i] for i in self.copied])
         """Device memory this runner keeps: its static inputs and every instance's pool (runtime/memory.py)."""
-        first = self._record_instance()
+        first = self._record_instance(inputs or [])
         self.first = first
         """The first recorded instance: reuse_outputs replays it, profiling replays its graph."""
         self.output_sets = output_sets if not reuse_outputs and not self._aliases_fixed(first) else 0
@@ -142,9 +208,9 @@ class GraphRunner:
         """The instance whose outputs are copied (never handed out), recorded when first needed."""
 
     def _copy_nodes_possible(self) -> bool:
-        if not self.static_inputs:
+        if not self.copied:
             return False
-        if any(s.numel() == 0 for s in self.static_inputs):
+        if any(self._static(i).numel() == 0 for i in self.copied):
             self.copy_node_failure = "an input has no elements"
             return False
         if not cudart.available():
@@ -152,19 +218,26 @@ class GraphRunner:
             return False
         return True
 
-    def _record_instance(self) -> _Instance:
-        """A new instance; the first whose copy nodes cannot be made turns them off for the runner."""
+    def _static(self, i: int) -> torch.Tensor:
+        t = self.static_inputs[i]
+        assert t is not None
+        return t
+
+    def _record_instance(self, inputs: Sequence[Any]) -> _Instance:
+        """A new instance (`inputs`: the call's, whose in-place ones it is recorded on); the first
+        whose copy nodes cannot be made turns them off for the runner."""
+        statics = [inputs[i] if t is None else t for i, t in enumerate(self.static_inputs)]
         if self.use_copy_nodes:
             # the sources the nodes are captured with: held by the instance until its first call
             # points the nodes at the caller's tensors, then freed
-            sources = [torch.zeros_like(s) for s in self.static_inputs]
+            sources = [torch.zeros_like(self._static(i)) for i in self.copied]
             try:
-                return self._counted(_Instance(self.exe, self.static_inputs, sources))
+                return self._counted(_Instance(self.exe, statics, sources, self.copied))
             except Exception as exc:  # noqa: BLE001 - the nodes are an optimization: record without them
                 self.copy_node_failure = f"{type(exc).__name__}: {exc}"
                 self.use_copy_nodes = False
                 torch.cuda.synchronize(self.exe.device)
-        return self._counted(_Instance(self.exe, self.static_inputs))
+        return self._counted(_Instance(self.exe, statics, copied=self.copied))
 
     def _counted(self, inst: _Instance) -> _Instance:
         self.reserved_bytes += inst.reserved_bytes
@@ -172,10 +245,12 @@ class GraphRunner:
 
     def _aliases_fixed(self, inst: _Instance) -> bool:
         """Some output shares memory with a static input or a constant: it must be copied."""
-        fixed = {t.untyped_storage().data_ptr() for t in self.static_inputs}
+        fixed = {t.untyped_storage().data_ptr() for t in self.static_inputs if t is not None}
+        fixed |= self._in_place_storages
         fixed |= {t.untyped_storage().data_ptr() for t in self.exe.graph.constants.values()
                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
-        return any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in fixed for o in inst.outputs)
+        return bool(inst.aliases) or any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in fixed
+                                         for o in inst.outputs)
 
     @property
     def graph(self) -> torch.cuda.CUDAGraph:
@@ -192,41 +267,66 @@ class GraphRunner:
     def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
         """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
         exact = batch == self.padded_batch
+        if self.in_place:  # before anything is recorded on the call's tensors
+            self._check_in_place(inputs, exact)
         if self.reuse_outputs:
             self._replay(self.first, inputs, batch, exact)
-            return self._views(self.first.outputs, batch, exact)
-        inst = self._free_instance()
+            return self._views(self._outputs(self.first, inputs), batch, exact)
+        inst = self._free_instance(inputs)
         if inst is not None:
             self._replay(inst, inputs, batch, exact)
-            return self._views(inst.outputs, batch, exact)
+            return self._views(self._outputs(inst, inputs), batch, exact)
         if self.copy_source is None:
-            self.copy_source = self._record_instance()
+            self.copy_source = self._record_instance(inputs)
         self._replay(self.copy_source, inputs, batch, exact)
-        return fresh_copies(self._views(self.copy_source.outputs, batch, exact))
+        return fresh_copies(self._views(self._outputs(self.copy_source, inputs), batch, exact))
+
+    @staticmethod
+    def _outputs(inst: _Instance, inputs: Sequence[torch.Tensor]) -> list[Any]:
+        """The instance's outputs, those in an input's memory rebuilt on the call's own tensor."""
+        if not inst.aliases:
+            return inst.outputs
+        out = list(inst.outputs)
+        for j, (i, size, stride, offset) in inst.aliases.items():
+            out[j] = inputs[i].as_strided(size, stride, offset)
+        return out
 
     def _replay(self, inst: _Instance, inputs: Sequence[torch.Tensor], batch: int, exact: bool) -> None:
+        copied = [inputs[i] for i in self.copied] if self.in_place else inputs
         if inst.copy_nodes:
-            held = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+            held = [x if x.is_contiguous() else x.contiguous() for x in copied]
             for node, dst, x in zip(inst.copy_nodes, self._static_ptrs, held, strict=True):
                 cudart.set_memcpy_source(inst.exec, node, dst, x.data_ptr(), x.nbytes)
             inst.held = held  # its graph reads them: alive until a call points it elsewhere
-        elif len(inputs) == 1:
-            (self.static_inputs[0] if exact else self.static_inputs[0][:batch]).copy_(inputs[0])
-        elif inputs:
-            statics = self.static_inputs if exact else [s[:batch] for s in self.static_inputs]
-            torch._foreach_copy_(statics, list(inputs))
+        elif copied:
+            statics = [self._static(i) for i in self.copied]
+            if not exact:
+                statics = [s[:batch] for s in statics]
+            if len(statics) == 1:
+                statics[0].copy_(copied[0])
+            else:
+                torch._foreach_copy_(statics, list(copied))
         inst.graph.replay()
         if self.written:  # the graph updated its copies of these inputs: the caller's tensors get the update
             if not exact:
                 raise RuntimeError("a graph that updates its inputs in place ran padded to a batch bucket")
-            torch._foreach_copy_([inputs[i] for i in self.written], [self.static_inputs[i] for i in self.written])
+            torch._foreach_copy_([inputs[i] for i in self.written], [self._static(i) for i in self.written])
 
-    def _free_instance(self) -> _Instance | None:
+    def _check_in_place(self, inputs: Sequence[torch.Tensor], exact: bool) -> None:
+        """The inputs read in place are where the graph was recorded (same memory, same layout)."""
+        if not exact:
+            raise RuntimeError("a graph that updates its inputs in place ran padded to a batch bucket")
+        for i, ptr in zip(self.in_place, self._in_place_ptrs, strict=True):
+            x = inputs[i]
+            if x.data_ptr() != ptr or not x.is_contiguous():
+                raise InputsMoved(f"input {i} (updated in place) moved since the graph was recorded")
+
+    def _free_instance(self, inputs: Sequence[Any]) -> _Instance | None:
         for inst in self.handout:
             if not inst.guard.held():
                 return inst
         if len(self.handout) < self.output_sets:
-            inst = self._record_instance()
+            inst = self._record_instance(inputs)
             self.handout.append(inst)
             return inst
         return None
