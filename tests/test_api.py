@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import textwrap
 from pathlib import Path
 
@@ -306,3 +307,26 @@ def test_cpu_scalar_constants_in_a_device_graph(config, device) -> None:  # type
     assert isinstance(compiled, streamfuse.CompiledGraph)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_torch_compile_mode_and_options_choose_the_backend_s_config() -> None:
+    """torch.compile(..., backend="streamfuse", mode=..., options=...) reach the backend's Config:
+    options by Config field name, modes by torch.compile's names; anything else is a clear error."""
+    import streamfuse.capture.backend as backend_module
+
+    f = lambda x: torch.relu(x) * 2 + 1  # noqa: E731
+    x = randn(4, 8)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="streamfuse", options={"fuse": False, "executor": "reference"})
+    torch.testing.assert_close(compiled(x), f(x))
+    graph = backend_module.compiled_graphs[-1]
+    assert graph.config.fuse is False and graph.config.executor == "reference"
+    assert graph.stats["kernels"] == graph.stats["source_ops"]  # fusion off: one kernel per op
+    cfg = backend_module.config_for("max-autotune-no-cudagraphs")
+    assert cfg.profile_guided and not cfg.cuda_graphs and not cfg.backend_cuda_graphs
+    assert backend_module.config_for("reduce-overhead") == backend_module.config_for()
+    for kwargs, words in ((dict(options={"fusion": False}), "unknown option(s) 'fusion'"),
+                          (dict(mode="fastest"), "mode='fastest'")):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=re.escape(words)):
+            torch.compile(f, backend="streamfuse", **kwargs)(x)

@@ -17,6 +17,7 @@ Three things keep this path from ever failing where eager runs:
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -354,9 +355,37 @@ def make_backend(config: Config | None = None) -> Any:
                         keep_inference_input_mutations=True)
 
 
-def streamfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-    """The backend registered as "streamfuse" (default Config)."""
-    return make_backend()(gm, example_inputs, **kwargs)
+MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {},  # CUDA graphs are already on wherever they pay (Config.cuda_graphs)
+    "max-autotune": {"profile_guided": True},
+    "max-autotune-no-cudagraphs": {"profile_guided": True, "cuda_graphs": False, "backend_cuda_graphs": False},
+}
+"""torch.compile's `mode` names -> the Config settings they mean for streamfuse."""
+
+
+def config_for(mode: str | None = None, options: dict[str, Any] | None = None) -> Config:
+    """The Config of `torch.compile(..., backend="streamfuse", mode=..., options=...)`: `mode` one of
+    torch.compile's (MODES), `options` Config fields by name (`options={"max_streams": 1}`)."""
+    settings = dict(MODES.get(mode or "default", {}))
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"torch.compile(backend='streamfuse') got mode={mode!r}; expected one of {', '.join(MODES)}")
+    if options is not None and not isinstance(options, dict):
+        raise ValueError(f"torch.compile(backend='streamfuse') got options={options!r}; expected a dict of Config "
+                         "fields, e.g. options={'max_streams': 1}")
+    fields = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(options or {}) - fields)
+    if unknown:
+        raise ValueError(f"torch.compile(backend='streamfuse') got unknown option(s) {', '.join(map(repr, unknown))}; "
+                         f"options are streamfuse.Config fields: {', '.join(sorted(fields))}")
+    return Config(**(settings | dict(options or {})))
+
+
+def streamfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,
+                       options: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    """The backend registered as "streamfuse": torch.compile's `mode` and `options` choose its Config
+    (config_for); without them, the defaults."""
+    return make_backend(config_for(mode, options))(gm, example_inputs, **kwargs)
 
 
 def register() -> None:

@@ -50,9 +50,15 @@ class Node:
     def input_nodes(self) -> list[Node]:
         """Distinct Node arguments, in order of first appearance."""
         seen: list[Node] = []
-        for a in iter_nodes((self.args, tuple(self.kwargs.values()))):
-            if a not in seen:
-                seen.append(a)
+        for group in (self.args, self.kwargs.values()):
+            for a in group:  # most arguments are Nodes or scalars: no generator for them
+                if isinstance(a, Node):
+                    if a not in seen:
+                        seen.append(a)
+                elif isinstance(a, (list, tuple, dict)):
+                    for b in iter_nodes(a):
+                        if b not in seen:
+                            seen.append(b)
         return seen
 
     def __repr__(self) -> str:

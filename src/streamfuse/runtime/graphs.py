@@ -188,12 +188,13 @@ class GraphRunner:
         caller's next cache, which then lands elsewhere and moves every time)."""
         self.copied = [i for i in range(len(self.static_inputs)) if i not in self.in_place]
         """Inputs copied into static buffers on each call."""
+        self._copied_statics = [self._static(i) for i in self.copied]
         self.written = [i for i in exe.graph.written_inputs if i not in self.in_place]
         """Inputs the graph updates in its static copy: each call copies that back into the caller's tensor."""
         self.copy_node_failure: str | None = None
         """Why the input copy is not inside the graph although Config.input_copy_node asked for it."""
         self.use_copy_nodes = input_copy_node and self._copy_nodes_possible()
-        self._static_ptrs = [self._static(i).data_ptr() for i in self.copied]  # where the copy nodes write
+        self._static_ptrs = [t.data_ptr() for t in self._copied_statics]  # where the copy nodes write
         self._in_place_ptrs = [inputs[i].data_ptr() for i in self.in_place]  # type: ignore[index]
         self._in_place_storages = {inputs[i].untyped_storage().data_ptr() for i in self.in_place}  # type: ignore[index]
         self.reserved_bytes = storage_bytes([self.static_inputs[i] for i in self.copied])
@@ -299,7 +300,7 @@ class GraphRunner:
                 cudart.set_memcpy_source(inst.exec, node, dst, x.data_ptr(), x.nbytes)
             inst.held = held  # its graph reads them: alive until a call points it elsewhere
         elif copied:
-            statics = [self._static(i) for i in self.copied]
+            statics = self._copied_statics
             if not exact:
                 statics = [s[:batch] for s in statics]
             if len(statics) == 1:
