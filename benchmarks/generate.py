@@ -7,7 +7,10 @@ equal eager's (a mismatch is reported as a failure, not a speed).
                                   [--modes eager,compile,compile-ro,streamfuse] [--cache static|dynamic]
 
 A streamfuse mode may carry Config settings, `streamfuse[matmul_strategy=cublas]`, to compare
-settings side by side in one run.
+settings side by side in one run. `streamfuse-hf` is transformers' own compile (its CompileConfig)
+with backend="streamfuse": the decode steps alone are compiled, the prefill runs eagerly, and the
+static cache reaches the backend as static inputs (it is created outside the trace), as in
+compile-ro; `streamfuse` compiles the whole forward, prefill included.
 
 Each mode runs in a process of its own (a crash in one is reported, not fatal to the others;
 `--in-process` runs them in one). `--cache static` (the default) is transformers' StaticCache (`cache_implementation="static"`), the
@@ -40,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-MODES = ("eager", "compile", "compile-ro", "streamfuse")
+MODES = ("eager", "compile", "compile-ro", "streamfuse", "streamfuse-hf")
 
 
 def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype) -> Any:
@@ -102,11 +105,15 @@ def run_mode(mode: str, model: Any, ids: torch.Tensor, args: argparse.Namespace,
             import transformers
 
             model.generation_config.compile_config = transformers.CompileConfig(mode="reduce-overhead")
+        elif mode == "streamfuse-hf":
+            import transformers
+
+            model.generation_config.compile_config = transformers.CompileConfig(backend="streamfuse", mode="default")
         elif mode.startswith("streamfuse"):
             model.forward = torch.compile(forward, backend=streamfuse.make_backend(streamfuse.Config().with_settings(
                 mode_settings(mode))))
         start = time.perf_counter()
-        own = mode == "compile-ro"
+        own = mode in ("compile-ro", "streamfuse-hf")
         out = generate(model, ids, args.new_tokens, args.cache, own)
         sync(device)
         result["first_s"] = time.perf_counter() - start  # compiles, records graphs

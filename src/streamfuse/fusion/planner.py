@@ -127,6 +127,10 @@ class _Partition:
 
     def path_through_other(self, src: int, dst: int) -> int | None:
         """A group on a path src -> X -> dst (X not src or dst), if any: merging would make a cycle."""
+        # such a path leaves src through another successor and enters dst through another
+        # predecessor: without either (a chain, most merges), no walk is needed
+        if not self._succ[src] - {dst} or not self._pred[dst] - {src}:
+            return None
         stack = [s for s in self.successors(src) if s != dst]
         seen = set(stack)
         while stack:
