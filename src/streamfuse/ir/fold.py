@@ -96,14 +96,23 @@ def fold_batchnorm(graph: Graph, cache: SnapshotCache | None = None) -> int:
     `cache` shares folded tensors between graphs of the same model (see SnapshotCache)."""
     cache = cache if cache is not None else SnapshotCache()
     folds = 0
+    replaced: list[Node | None] = []
     for conv in [n for n in graph.nodes if n.op == _CONV]:
+        # users go stale during the loop only where a fold touched: the folded chain's constants and
+        # the removed nodes, which only make a later match more conservative (an extra reader); no
+        # later match reads the new nodes' users. So they are linked once, after the last fold
+        # (googlenet: 57 folds relinked the whole graph 57 times)
         match = _match(graph, conv)
         if match is None:
             continue
         weight, bias = cache.get(_sources(graph, match), ("batch-norm fold", match.eps),
                                  partial(_fold_tensors, graph, match))
         _rewrite(graph, match, weight, bias)
+        replaced += [match.weight, match.bias, match.gamma, match.beta, match.mean, match.var]
         folds += 1
+    if folds:
+        graph.link_users()
+        drop_unread_constants(graph, replaced)
     return folds
 
 
@@ -278,8 +287,6 @@ def _rewrite(graph: Graph, m: _Match, weight: torch.Tensor, bias: torch.Tensor) 
     at = graph.nodes.index(m.conv)
     nodes = graph.nodes[:at] + [w_node, b_node, b_view, m.conv, shifted] + graph.nodes[at + 1:]
     graph.nodes = [n for n in nodes if n not in removed]
-    graph.link_users()
-    drop_unread_constants(graph, [m.weight, m.bias, m.gamma, m.beta, m.mean, m.var])
     graph.notes.append(f"batch-norm after %{m.conv.name} folded into its weights, its bias added in the epilogue "
                        "(a snapshot taken at compile time: compile again after changing the parameters)")
 
