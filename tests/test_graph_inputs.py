@@ -168,3 +168,36 @@ def test_a_moved_cache_records_again_then_is_copied(emulated: None, config: stre
     runner = _runner(plan)
     assert runner.in_place == [] and runner.written == [0]
     assert "copies the others in and back" in plan.explain(source=False)
+
+
+def test_a_static_marked_cache_renewed_by_the_caller_is_bound_again_once(emulated: None,
+                                                                         config: streamfuse.Config) -> None:
+    """transformers' own compile (CompileConfig) marks its static cache static: AOTAutograd lists it
+    among the static inputs, which the backend binds by identity; generate() makes a new cache every
+    call. The first call with a new cache binds the graph again with the cache as an argument (read
+    in place), once; before, every later call ran the plan taking every argument, without graphs."""
+    def step(cache: torch.Tensor, pos: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(0, pos, new)
+        return cache.sum(0) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=streamfuse.make_backend(config))
+    first = len(backend_module.compiled_graphs)
+    with torch.no_grad():
+        for renewal in range(3):
+            cache = torch.randn(16, 32, generator=torch.Generator().manual_seed(renewal))
+            torch._dynamo.mark_static_address(cache)
+            want = cache.clone()
+            for k in range(3):
+                pos = torch.tensor([k])
+                new = torch.randn(1, 32, generator=torch.Generator().manual_seed(10 * renewal + k))
+                torch.testing.assert_close(compiled(cache, pos, new), step(want, pos, new), rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(cache, want, rtol=0, atol=0)
+    graphs = [g for g in backend_module.compiled_graphs[first:] if g is not None]
+    assert len(graphs) == 1, graphs  # Dynamo did not compile again
+    (graph,) = graphs
+    assert graph.unbound_updates and graph._fallback is None and graph.static == []
+    runner = _runner(graph.compiled)  # replays: the cache read in place, or copied once it moved (here each
+    assert 0 in runner.in_place + runner.written  # new cache is made while the old one lives, so it moves)
+    assert graph.compiled.inputs_moved <= MAX_MOVES
+    assert "passed as arguments" in graph.explain(source=False)

@@ -205,7 +205,15 @@ class StaticParamsGraph:
     streamfuse.compile's do (Config.backend_cuda_graphs). A call whose static arguments are not the
     same tensors as at that first call (a module's parameter replaced) runs the plan that takes
     every argument (`fallback`, built when first needed: one plan is built per graph, not two), and
-    so does every call if binding failed (`reason`)."""
+    so does every call if binding failed (`reason`).
+
+    Static inputs the graph updates in place and that a call replaced are state the caller renews,
+    not parameters: transformers' static KV cache, marked static when generate() compiles the model
+    itself (its CompileConfig), is a new tensor on every generate() call. The first such call binds
+    the graph again with every updated static input passed as an argument instead (read and written
+    where it is by the recorded graphs, runtime/graphs.py), once; the plan taking every argument
+    served every later generate() call before (session 18). Optimizer steps, whose updated
+    parameters and states stay the same tensors, keep them bound."""
 
     def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int]):
         self.gm = gm
@@ -216,13 +224,33 @@ class StaticParamsGraph:
         self.reason: str | None = None
         self.bound: list[torch.Tensor] = []
         self.dynamic: list[int] = []
+        self.updated = _updated_placeholders(gm)
+        """Positions of the inputs the graph updates in place (copy_ into a placeholder)."""
+        self.unbound_updates = False
+        """The graph was bound again with its updated static inputs passed as arguments."""
 
     def run_flat(self, args: list[Any]) -> list[Any]:
         if self.compiled is None and self.reason is None:
             self._bind(args)
-        if self.compiled is not None and all(args[i] is t for i, t in zip(self.static, self.bound, strict=True)):
+        if self.compiled is not None and (all(args[i] is t for i, t in zip(self.static, self.bound, strict=True))
+                                          or self._unbind_updates(args)):
             return self.compiled(*[args[i] for i in self.dynamic])  # type: ignore[no-any-return]
         return self.fallback(args).run_flat(args)
+
+    def _unbind_updates(self, args: list[Any]) -> bool:
+        """Bind the graph again without its updated static inputs if only those were replaced (once)."""
+        moved = {i for i, t in zip(self.static, self.bound, strict=True) if args[i] is not t}
+        if self.unbound_updates or not moved <= self.updated:
+            return False
+        self.unbound_updates = True
+        previous = self.static
+        self.static = [i for i in self.static if i not in self.updated]
+        self.compiled, self.bound = None, []
+        self._bind(args)
+        if self.compiled is None:  # binding failed: back to the plan taking every argument
+            self.static = previous
+            return False
+        return True
 
     def fallback(self, args: list[Any]) -> CompiledGraph | EagerGraph:
         """The plan taking every argument (built at the first call that needs it)."""
@@ -267,7 +295,18 @@ class StaticParamsGraph:
         bound = (f"{len(self.static)} parameters and buffers bound as constants at its first call (CUDA graphs "
                  "copy in only the other inputs)" if self.static else "no parameters or buffers (CUDA graphs copy in "
                  "its inputs)")
+        if self.unbound_updates:
+            bound += ("; the static inputs it updates in place were replaced by the caller, so they are passed as "
+                      "arguments (bound again once)")
         return f"inference graph with {bound}\n" + self.compiled.explain(source)
+
+
+def _updated_placeholders(gm: torch.fx.GraphModule) -> set[int]:
+    """Positions of the placeholders the graph copies a new value into (its input mutations)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    position = {n: i for i, n in enumerate(placeholders)}
+    return {position[n.args[0]] for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in position}
 
 
 def _static_inputs() -> list[int]:
