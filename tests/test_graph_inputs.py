@@ -79,6 +79,19 @@ def emulated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(compiled_module, "graph_memory_limit", lambda device, fraction: float("inf"))
 
 
+def _update_and_compare(compiled: Any, step: Any, cache: torch.Tensor, want: torch.Tensor, calls: int,
+                        seed: int) -> None:
+    """`calls` updates of `cache` at positions 0, 1, ... through `compiled`, and of its copy `want`
+    through `step` eagerly: every result and the caches themselves equal."""
+    with torch.no_grad():
+        for k in range(calls):
+            pos = torch.tensor([k])
+            new = torch.randn(1, cache.shape[1], generator=torch.Generator().manual_seed(seed + k))
+            torch.testing.assert_close(compiled(cache, pos, new), step(want, pos, new), rtol=1e-6, atol=1e-6,
+                                       msg=lambda m, k=k: f"call {k}: {m}")
+            torch.testing.assert_close(cache, want, rtol=0, atol=0, msg=lambda m, k=k: f"call {k}, cache: {m}")
+
+
 def _plan() -> Any:
     return backend_module.compiled_graphs[-1].compiled
 
@@ -98,13 +111,7 @@ def test_a_cache_is_updated_where_it_is_and_not_kept_alive(emulated: None, confi
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=streamfuse.make_backend(config))
     cache = torch.randn(16, 32, generator=torch.Generator().manual_seed(0))
-    want = cache.clone()
-    with torch.no_grad():
-        for k in range(4):
-            pos = torch.tensor([k])
-            new = torch.randn(1, 32, generator=torch.Generator().manual_seed(k + 1))
-            torch.testing.assert_close(compiled(cache, pos, new), step(want, pos, new), rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(cache, want, rtol=0, atol=0, msg=lambda m, k=k: f"call {k}: {m}")
+    _update_and_compare(compiled, step, cache, cache.clone(), calls=4, seed=1)
     plan = _plan()
     runner = _runner(plan)
     assert plan.stats["graphs"] == 1 and plan.inputs_moved == 0
@@ -126,19 +133,11 @@ def test_a_result_in_the_cache_is_rebuilt_on_the_call_s_tensor(emulated: None, c
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=streamfuse.make_backend(config))
     cache = torch.randn(8, 16, generator=torch.Generator().manual_seed(3))
-    want = cache.clone()
-    with torch.no_grad():
-        for k in range(3):
-            pos = torch.tensor([k])
-            new = torch.randn(1, 16, generator=torch.Generator().manual_seed(10 + k))
-            got, ref = compiled(cache, pos, new), step(want, pos, new)
-            for g, r in zip(got, ref, strict=True):
-                torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6, msg=lambda m, k=k: f"call {k}: {m}")
-            torch.testing.assert_close(cache, want, rtol=0, atol=0)
+    _update_and_compare(compiled, step, cache, cache.clone(), calls=3, seed=10)
     runner = _runner(_plan())
     assert runner.in_place == [0]
     gone = weakref.ref(cache)
-    del cache, got
+    del cache
     gc.collect()
     assert gone() is None
 
@@ -183,16 +182,10 @@ def test_a_static_marked_cache_renewed_by_the_caller_is_bound_again_once(emulate
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=streamfuse.make_backend(config))
     first = len(backend_module.compiled_graphs)
-    with torch.no_grad():
-        for renewal in range(3):
-            cache = torch.randn(16, 32, generator=torch.Generator().manual_seed(renewal))
-            torch._dynamo.mark_static_address(cache)
-            want = cache.clone()
-            for k in range(3):
-                pos = torch.tensor([k])
-                new = torch.randn(1, 32, generator=torch.Generator().manual_seed(10 * renewal + k))
-                torch.testing.assert_close(compiled(cache, pos, new), step(want, pos, new), rtol=1e-6, atol=1e-6)
-                torch.testing.assert_close(cache, want, rtol=0, atol=0)
+    for renewal in range(3):
+        cache = torch.randn(16, 32, generator=torch.Generator().manual_seed(renewal))
+        torch._dynamo.mark_static_address(cache)
+        _update_and_compare(compiled, step, cache, cache.clone(), calls=3, seed=10 * renewal)
     graphs = [g for g in backend_module.compiled_graphs[first:] if g is not None]
     assert len(graphs) == 1, graphs  # Dynamo did not compile again
     (graph,) = graphs

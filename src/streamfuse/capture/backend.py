@@ -406,7 +406,6 @@ MODES: dict[str, dict[str, Any]] = {
 def config_for(mode: str | None = None, options: dict[str, Any] | None = None) -> Config:
     """The Config of `torch.compile(..., backend="streamfuse", mode=..., options=...)`: `mode` one of
     torch.compile's (MODES), `options` Config fields by name (`options={"max_streams": 1}`)."""
-    settings = dict(MODES.get(mode or "default", {}))
     if mode is not None and mode not in MODES:
         raise ValueError(f"torch.compile(backend='streamfuse') got mode={mode!r}; expected one of {', '.join(MODES)}")
     if options is not None and not isinstance(options, dict):
@@ -417,7 +416,7 @@ def config_for(mode: str | None = None, options: dict[str, Any] | None = None) -
     if unknown:
         raise ValueError(f"torch.compile(backend='streamfuse') got unknown option(s) {', '.join(map(repr, unknown))}; "
                          f"options are streamfuse.Config fields: {', '.join(sorted(fields))}")
-    return Config(**(settings | dict(options or {})))
+    return Config(**(MODES[mode or "default"] | dict(options or {})))
 
 
 def streamfuse_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None,

@@ -358,6 +358,11 @@ class CompiledGraph:
         inputs = self.base.graph.inputs
         return len(inputs) - (len(self.base.graph.written_inputs) if self.inputs_moved < MAX_MOVES else 0)
 
+    def inputs_read_in_place(self) -> int | None:
+        """How many inputs it updates in place the recorded graphs read where they are (the fewest
+        over the graphs), or None before a graph is recorded (explain)."""
+        return min((len(r.in_place) for r in self._runners.values()), default=None)
+
     def graph_bytes(self, key: int) -> int | None:
         """What the graph recorded for batch bucket `key` keeps (runtime/memory.GraphLedger), or None."""
         runner = self._runners.get(key)

@@ -201,13 +201,14 @@ def _schedule_lines(compiled: CompiledGraph) -> list[str]:
         lines.append(f"inputs: copied {compiled.input_copy()}")
         written = len(compiled.graph.written_inputs)
         if written:
-            read = max((len(r.in_place) for r in compiled._runners.values()), default=None)
+            read = compiled.inputs_read_in_place()
             lines.append(f"inputs updated in place: {written}; " + (
                 "the recorded graphs read and write them where they are" if read == written else
                 f"the recorded graph reads {read} of them where they are, copies the others in and back "
                 "(not contiguous, or moved too often)" if read is not None else
                 "read where they are once a graph is recorded")
-                + (f" ({compiled.inputs_moved} call(s) found them moved: recorded again)" if compiled.inputs_moved else ""))
+                + (f" ({compiled.inputs_moved} call(s) found them moved: recorded again)"
+                   if compiled.inputs_moved else ""))
         lines.append(f"CUDA graphs: {compiled.stats['graphs']} recorded (max {compiled.config.max_graphs}); "
                      + ("batch padded up to buckets " + str(list(compiled.config.batch_buckets))
                         if compiled.batch_reason is None else f"batch fixed at {compiled.base_batch}: "

@@ -272,25 +272,18 @@ class GraphRunner:
             self._check_in_place(inputs, exact)
         if self.reuse_outputs:
             self._replay(self.first, inputs, batch, exact)
-            return self._views(self._outputs(self.first, inputs), batch, exact)
+            return self._views(self.first.outputs if not self.first.aliases else _rebuilt(self.first, inputs),
+                               batch, exact)
         inst = self._free_instance(inputs)
         if inst is not None:
             self._replay(inst, inputs, batch, exact)
-            return self._views(self._outputs(inst, inputs), batch, exact)
+            return self._views(inst.outputs if not inst.aliases else _rebuilt(inst, inputs), batch, exact)
         if self.copy_source is None:
             self.copy_source = self._record_instance(inputs)
         self._replay(self.copy_source, inputs, batch, exact)
-        return fresh_copies(self._views(self._outputs(self.copy_source, inputs), batch, exact))
-
-    @staticmethod
-    def _outputs(inst: _Instance, inputs: Sequence[torch.Tensor]) -> list[Any]:
-        """The instance's outputs, those in an input's memory rebuilt on the call's own tensor."""
-        if not inst.aliases:
-            return inst.outputs
-        out = list(inst.outputs)
-        for j, (i, size, stride, offset) in inst.aliases.items():
-            out[j] = inputs[i].as_strided(size, stride, offset)
-        return out
+        source = self.copy_source
+        return fresh_copies(self._views(source.outputs if not source.aliases else _rebuilt(source, inputs), batch,
+                                        exact))
 
     def _replay(self, inst: _Instance, inputs: Sequence[torch.Tensor], batch: int, exact: bool) -> None:
         copied = [inputs[i] for i in self.copied] if self.in_place else inputs
@@ -337,6 +330,14 @@ class GraphRunner:
             return list(outputs)
         return [o[: batch * rows] if rows is not None and isinstance(o, torch.Tensor) else o
                 for o, rows in zip(outputs, self.batch_slices, strict=True)]
+
+
+def _rebuilt(inst: _Instance, inputs: Sequence[torch.Tensor]) -> list[Any]:
+    """The instance's outputs, those in the memory of an input read in place rebuilt on the call's tensor."""
+    out = list(inst.outputs)
+    for j, (i, size, stride, offset) in inst.aliases.items():
+        out[j] = inputs[i].as_strided(size, stride, offset)
+    return out
 
 
 def fresh_copies(values: Sequence[Any]) -> list[Any]:
