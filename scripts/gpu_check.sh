@@ -4,6 +4,7 @@
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
 #                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge]
+#                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~20 min: more than one call may run, so split it, e.g. `tests` alone (runs 56 and 58
 #   did not finish it in 200 s; a call gets ~8 minutes after the machine starts), then `streams share`, then
@@ -32,11 +33,15 @@ OUT="${OUT:-gpu-check}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-steps=("$@")
+# a step may carry its own time limit, NAME:SECONDS (e.g. `models-a:270 models-b:270`: two chunks in one
+# call; the suite rewrites its JSON after each model, so a chunk cut short keeps the models it finished)
+steps=() limits=()
+for arg in "$@"; do steps+=("${arg%%:*}"); [[ $arg == *:* ]] && limits+=("${arg%%:*}=${arg#*:}"); done
 [ ${#steps[@]} -eq 0 ] && steps=(tests epilogue streams host share instances launch bench tma)
 step() {  # name, time limit in seconds, command...
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$2 entry; shift 2
   [[ " ${steps[*]} " == *" $name "* ]] || return 0
+  for entry in "${limits[@]}"; do [[ ${entry%%=*} == "$name" ]] && limit=${entry#*=}; done
   echo "== $name"
   local t0=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1

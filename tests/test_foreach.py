@@ -361,7 +361,7 @@ def test_a_replayed_graph_updates_a_cache_input_where_it_is(config: streamfuse.C
     compiled = torch.compile(step, backend=streamfuse.make_backend(config))
     caches = [torch.randn(2, 8, 4, device=device) for _ in range(MAX_MOVES + 2)]
     wants = [c.clone() for c in caches]
-    order = [0, 0, 0, 1, 1, 2, 3, 4, 4, 0]
+    order = [0, 0, 0] + [i for i in range(1, MAX_MOVES + 2) for _ in range(2)] + [0]  # moves past MAX_MOVES
     plan = None
     with torch.no_grad():
         for k, which in enumerate(order):
