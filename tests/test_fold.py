@@ -253,3 +253,59 @@ def test_explain_says_what_was_folded(config) -> None:  # type: ignore[no-untype
     off = check(model, randn(2, 3, 10, 10), config, fold=False)
     assert "batch-norm after %convolution folded into its weights" in on.explain(source=False)
     assert "graph rewrites" not in off.explain(source=False)
+
+
+def _backend_plan() -> streamfuse.CompiledGraph:
+    import streamfuse.capture.backend as backend_module
+
+    holder = backend_module.compiled_graphs[-1]
+    assert holder.compiled is not None, holder.explain(source=False)
+    return holder
+
+
+def test_the_backend_folds_and_watches_the_parameters(config) -> None:  # type: ignore[no-untyped-def]
+    """torch.compile(backend="streamfuse") folds inference batch-norms as streamfuse.compile does (the
+    same plan through both entry points), and a parameter changed in place afterwards (an optimizer
+    step, load_state_dict between evaluations) is seen: the graph is bound again unfolded, once."""
+    model = nn.Sequential(conv_bn(nn.Conv2d(3, 8, 3, padding=1), 8, seed=13),
+                          conv_bn(nn.Conv2d(8, 8, 3, padding=1, groups=8), 8, relu=False, seed=14))
+    x = randn(2, 3, 10, 10, seed=4)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        holder = _backend_plan()
+        assert holder.folded == 2 and not holder.live
+        assert count(holder.compiled.graph, RSQRT) == 0
+        assert "2 batch-norm(s) folded" in holder.explain(source=False)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)  # unchanged: still folded
+        assert holder.folded == 2 and not holder.live
+        for changed in (model[0][1].running_var, model[1][0].weight, model[1][1].bias):
+            changed.mul_(1.5)  # in place: the folded snapshot is stale
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+            assert holder.live and holder.folded == 0 and count(holder.compiled.graph, RSQRT) == 2
+    assert "bound again with none folded" in holder.explain(source=False)
+
+
+def test_the_backend_does_not_fold_inference_tensors(config) -> None:  # type: ignore[no-untyped-def]
+    """Parameters made under torch.inference_mode keep no version counter: nothing to watch, so the
+    backend keeps reading them live (no fold) and stays correct."""
+    with torch.inference_mode():
+        model = conv_bn(nn.Conv2d(3, 4, 3), 4, seed=15)
+        x = randn(2, 3, 8, 8, seed=5)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    holder = _backend_plan()
+    assert holder.folded == 0 and count(holder.compiled.graph, RSQRT) == 1
+
+
+def test_the_backend_fold_can_be_turned_off(config) -> None:  # type: ignore[no-untyped-def]
+    model = conv_bn(nn.Conv2d(3, 4, 3), 4, seed=16)
+    x = randn(2, 3, 8, 8, seed=6)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config.replace(fold_batchnorm=False)))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    holder = _backend_plan()
+    assert holder.folded == 0 and count(holder.compiled.graph, RSQRT) == 1

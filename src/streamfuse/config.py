@@ -32,8 +32,10 @@ class Config:
     max_ops_per_kernel: int = 256
     """Upper bound on IR nodes fused into one kernel."""
     fold_batchnorm: bool = True
-    """Fold inference batch-norm into the preceding conv's weights at compile time (a snapshot: later
-    in-place weight changes need a new compile); False runs it as an epilogue reading live parameters."""
+    """Fold inference batch-norm into the preceding conv's weights at compile time; False runs it as an
+    epilogue reading live parameters. streamfuse.compile keeps the snapshot (later in-place weight
+    changes need a new compile); torch.compile(backend="streamfuse") watches its sources' version
+    counters and binds the graph again unfolded at the first call that finds one changed."""
     merge_sibling_convolutions: bool = False
     """Convolutions reading the same input with the same geometry, whose weights are compile-time
     snapshots (batch-norm folded), run as one convolution over their stacked filters, each result a

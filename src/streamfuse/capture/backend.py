@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
 from streamfuse.config import Config
+from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
 from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.executable import graph_device
@@ -213,7 +214,16 @@ class StaticParamsGraph:
     the graph again with every updated static input passed as an argument instead (read and written
     where it is by the recorded graphs, runtime/graphs.py), once; the plan taking every argument
     served every later generate() call before (session 18). Optimizer steps, whose updated
-    parameters and states stay the same tensors, keep them bound."""
+    parameters and states stay the same tensors, keep them bound.
+
+    Inference batch-norms are folded into their convolutions' weights (Config.fold_batchnorm), as
+    streamfuse.compile does, so both entry points run the same plan: the folded weights are
+    snapshots the plan owns (a channels_last convolution converts them once, not per call). Unlike
+    streamfuse.compile's, these snapshots are watched: every call compares the version counters of
+    the tensors they were computed from (an in-place change, e.g. an optimizer step or
+    load_state_dict between evaluations, bumps them), and the first call that finds one changed
+    binds the graph again with nothing folded, reading the parameters live from then on. (Assigning
+    a parameter's `.data` bumps no counter; the recorded CUDA graphs would not see it either.)"""
 
     def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int]):
         self.gm = gm
@@ -228,14 +238,31 @@ class StaticParamsGraph:
         """Positions of the inputs the graph updates in place (copy_ into a placeholder)."""
         self.unbound_updates = False
         """The graph was bound again with its updated static inputs passed as arguments."""
+        self.folded = 0
+        """Batch-norms folded into the bound plan's convolution weights."""
+        self.watched: list[torch.Tensor] = []
+        self.versions: list[int] = []
+        """The folds' source tensors and their version counters when folded."""
+        self.live = False
+        """A folded source changed in place: bound again with nothing folded (parameters read live)."""
 
     def run_flat(self, args: list[Any]) -> list[Any]:
         if self.compiled is None and self.reason is None:
             self._bind(args)
         if self.compiled is not None and (all(args[i] is t for i, t in zip(self.static, self.bound, strict=True))
                                           or self._unbind_updates(args)):
+            if self.watched and [t._version for t in self.watched] != self.versions:
+                self._go_live(args)
+                if self.compiled is None:
+                    return self.fallback(args).run_flat(args)
             return self.compiled(*[args[i] for i in self.dynamic])  # type: ignore[no-any-return]
         return self.fallback(args).run_flat(args)
+
+    def _go_live(self, args: list[Any]) -> None:
+        """A folded weight's source changed in place: bind again, nothing folded (once)."""
+        self.live = True
+        self.compiled, self.bound, self.watched, self.versions, self.folded = None, [], [], [], 0
+        self._bind(args)
 
     def _unbind_updates(self, args: list[Any]) -> bool:
         """Bind the graph again without its updated static inputs if only those were replaced (once)."""
@@ -276,11 +303,23 @@ class StaticParamsGraph:
 
         try:
             graph = graph_from_fx(gm, {placeholders[i]: t for i, t in zip(self.static, bound, strict=True)})
+            self._fold(graph, bound)
             self.compiled = build(graph, self.config, graph_device(graph, args), eager=eager)
         except Exception as exc:  # noqa: BLE001 - the plan over every argument stays in use
             self.reason = f"binding the static inputs failed: {failure_text(exc)}"
             return
         self.bound, self.dynamic = bound, dynamic
+
+    def _fold(self, graph: Any, bound: list[Any]) -> None:
+        """Fold the batch-norms into snapshot weights, watched by version counter (class docstring);
+        not where a bound tensor keeps no version counter (made under torch.inference_mode)."""
+        if (self.live or not self.config.fold_batchnorm
+                or any(isinstance(t, torch.Tensor) and t.is_inference() for t in bound)):
+            return
+        snapshots = SnapshotCache()
+        self.folded = fold_batchnorm(graph, snapshots, note=FOLD_NOTE)
+        self.watched = snapshots.sources()
+        self.versions = [t._version for t in self.watched]
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -298,7 +337,15 @@ class StaticParamsGraph:
         if self.unbound_updates:
             bound += ("; the static inputs it updates in place were replaced by the caller, so they are passed as "
                       "arguments (bound again once)")
+        if self.folded:
+            bound += (f"; {self.folded} batch-norm(s) folded into convolution weights, watched: a parameter changed "
+                      "in place binds the graph again unfolded")
+        if self.live:
+            bound += "; a folded batch-norm's parameters changed in place, so it was bound again with none folded"
         return f"inference graph with {bound}\n" + self.compiled.explain(source)
+
+
+FOLD_NOTE = "a snapshot of the parameters, watched: one changed in place binds the graph again without folding"
 
 
 def _updated_placeholders(gm: torch.fx.GraphModule) -> set[int]:

@@ -73,6 +73,15 @@ class SnapshotCache:
         self._entries[key] = (sources, value)
         return value
 
+    def sources(self) -> list[torch.Tensor]:
+        """Every distinct tensor a snapshot was computed from (to watch for in-place changes)."""
+        seen: dict[int, torch.Tensor] = {}
+        for tensors, _ in self._entries.values():
+            for t in tensors:
+                if t is not None:
+                    seen.setdefault(id(t), t)
+        return list(seen.values())
+
 
 @dataclass
 class _Match:
@@ -90,10 +99,14 @@ class _Match:
     """The batch-norm's nodes, removed by the fold; the last one's readers read the conv instead."""
 
 
-def fold_batchnorm(graph: Graph, cache: SnapshotCache | None = None) -> int:
+SNAPSHOT_NOTE = "a snapshot taken at compile time: compile again after changing the parameters"
+
+
+def fold_batchnorm(graph: Graph, cache: SnapshotCache | None = None, note: str = SNAPSHOT_NOTE) -> int:
     """Fold every foldable inference batch-norm into its convolution, in place; returns how many.
 
-    `cache` shares folded tensors between graphs of the same model (see SnapshotCache)."""
+    `cache` shares folded tensors between graphs of the same model (see SnapshotCache); `note` ends
+    the line each fold adds to the graph's notes (what happens when the parameters change)."""
     cache = cache if cache is not None else SnapshotCache()
     folds = 0
     replaced: list[Node | None] = []
@@ -107,7 +120,7 @@ def fold_batchnorm(graph: Graph, cache: SnapshotCache | None = None) -> int:
             continue
         weight, bias = cache.get(_sources(graph, match), ("batch-norm fold", match.eps),
                                  partial(_fold_tensors, graph, match))
-        _rewrite(graph, match, weight, bias)
+        _rewrite(graph, match, weight, bias, note)
         replaced += [match.weight, match.bias, match.gamma, match.beta, match.mean, match.var]
         folds += 1
     if folds:
@@ -256,7 +269,7 @@ def _fold_tensors(graph: Graph, m: _Match) -> tuple[torch.Tensor, torch.Tensor]:
         return new_weight, new_bias.to(weight.dtype).contiguous()
 
 
-def _rewrite(graph: Graph, m: _Match, weight: torch.Tensor, bias: torch.Tensor) -> None:
+def _rewrite(graph: Graph, m: _Match, weight: torch.Tensor, bias: torch.Tensor, note: str) -> None:
     """Point the conv at the folded constants, drop the chain, and let its readers read the conv."""
     names = {n.name for n in graph.nodes}
     w_node = constant_node(graph, fresh_name(f"{m.weight.name}_folded", names), weight)
@@ -288,7 +301,7 @@ def _rewrite(graph: Graph, m: _Match, weight: torch.Tensor, bias: torch.Tensor) 
     nodes = graph.nodes[:at] + [w_node, b_node, b_view, m.conv, shifted] + graph.nodes[at + 1:]
     graph.nodes = [n for n in nodes if n not in removed]
     graph.notes.append(f"batch-norm after %{m.conv.name} folded into its weights, its bias added in the epilogue "
-                       "(a snapshot taken at compile time: compile again after changing the parameters)")
+                       f"({note})")
 
 
 def constant_node(graph: Graph, name: str, value: torch.Tensor) -> Node:
