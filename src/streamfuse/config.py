@@ -36,6 +36,9 @@ class Config:
     epilogue reading live parameters. streamfuse.compile keeps the snapshot (later in-place weight
     changes need a new compile); torch.compile(backend="streamfuse") watches its sources' version
     counters and binds the graph again unfolded at the first call that finds one changed."""
+    conv_bias_epilogue: bool = True
+    """A convolution's bias is added by the pointwise kernel after it instead of by ATen, which adds
+    it in a kernel of its own after cuDNN's (ir/conv_bias.py): where every reader is pointwise."""
     merge_sibling_convolutions: bool = False
     """Convolutions reading the same input with the same geometry, whose weights are compile-time
     snapshots (batch-norm folded), run as one convolution over their stacked filters, each result a

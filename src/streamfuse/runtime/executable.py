@@ -20,6 +20,7 @@ from streamfuse.config import Config
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
+from streamfuse.ir.conv_bias import bias_to_epilogue
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import is_contiguous_meta
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
@@ -100,6 +101,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
     if device.type == "cuda":
         move_cpu_scalars(graph, device)
+    if config.conv_bias_epilogue:
+        bias_to_epilogue(graph)  # ATen adds a cuDNN convolution's bias in a kernel of its own
     # 1. how each matmul runs (cost model on the device's ceilings, or measured), which nodes share
     #    a kernel, and why others do not
     clock = StageClock()
