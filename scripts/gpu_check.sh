@@ -3,7 +3,7 @@
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
 #                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate] [training]
-#                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge]
+#                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~20 min: more than one call may run, so split it, e.g. `tests` alone (runs 56 and 58
@@ -78,6 +78,12 @@ step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-
 step merge 560 bash -c 'for m in off on; do streamfuse bench --suite models --models googlenet,inception --batch 1 \
   --dtype float32 --modes eager,compile-ro,streamfuse --reps 20 --set merge_sibling_convolutions=$([ $m = on ] && echo true || echo false) \
   --out "$0/merge-$m"; done' "$OUT"
+# session 19's convolution bias in the epilogue (on by default), off and on beside reduce-overhead, on
+# the models with biased convolutions that were behind it in run 76 (the backend's batch-norm fold
+# shows in its column against run 76's)
+step bias 560 bash -c 'for m in off on; do streamfuse bench --suite models --models squeezenet,mobilenet_v3,regnet \
+  --batch 1 --dtype float32 --modes eager,compile-ro,streamfuse,sf-backend --reps 20 \
+  --set conv_bias_epilogue=$([ $m = on ] && echo true || echo false) --out "$0/bias-$m"; done' "$OUT"
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --history --profile --json "$OUT/training-mix.json"
@@ -115,7 +121,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
-for f in models-a models-b models-c models-d models-e merge; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in models-a models-b models-c models-d models-e merge bias; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
 [ -f "$OUT/shapes-llama.txt" ] && tail -10 "$OUT/shapes-llama.txt"
