@@ -255,7 +255,8 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
     # a peer (eager, torch.compile) that would be built twice, checked with TF32 off and timed as built
     # under the defaults, is built once, under the defaults, and not checked: the checks are
     # streamfuse's, and a second Inductor build cost 5-20 s per model on the suite
-    peer_once = mode not in SF_MODES and retime_with_defaults(workload, device)
+    retime = retime_with_defaults(workload, device)
+    peer_once = mode not in SF_MODES and retime
     try:
         model, inputs = make_seeded(workload, device)
         with torch.no_grad():
@@ -286,7 +287,7 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
                 check_second_batch(result, workload, model, compiled, device)
             if warm_compile and mode in SF_MODES:
                 compile_again(result, workload, device, config)
-            if retime_with_defaults(workload, device) and not peer_once:
+            if retime and not peer_once:
                 # compilers and graph captures bake TF32 in when they build (kernel choice, dot precision):
                 # what is timed is built again under the process's defaults, as a user would run it
                 del fn, compiled

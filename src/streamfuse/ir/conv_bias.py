@@ -19,11 +19,8 @@ not a graph output.
 
 from __future__ import annotations
 
-import torch
-
-from streamfuse.ir.fold import fresh_name
-from streamfuse.ir.graph import Graph, Node, map_args
-from streamfuse.ir.lowerings import Builder
+from streamfuse.ir.fold import bias_added_after, replace_uses
+from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.ops import OpKind
 
 _CONV = "aten.convolution.default"
@@ -41,19 +38,10 @@ def bias_to_epilogue(graph: Graph) -> int:
             continue
         bias = node.args[2]
         assert isinstance(bias, Node)
-        per_channel = (1, node.shape[1]) + (1,) * (len(node.shape) - 2)
-        build = Builder(fresh=lambda name: fresh_name(name, names), nodes=[])
-        view = build.add(f"{bias.name}_c", torch.ops.aten.view.default, (bias, list(per_channel)),
-                         shape=per_channel, dtype=bias.dtype)
-        added = build.add(f"{node.name}_biased", torch.ops.aten.add.Tensor, (node, view),
-                          shape=node.shape, dtype=node.dtype, strides=node.strides)
-        for user in node.users:
-            user.args = map_args(user.args, lambda n: added if n is node else n)
-            user.kwargs = {k: map_args(v, lambda n: added if n is node else n) for k, v in user.kwargs.items()}
-        args = list(node.args)
-        args[2] = None
-        node.args = tuple(args)
-        nodes += build.nodes
+        added = bias_added_after(node, bias, names)
+        replace_uses(graph, node, added[-1])
+        node.args = (*node.args[:2], None, *node.args[3:])
+        nodes += added
         graph.notes.append(f"bias of %{node.name} added in the kernel after it, not by ATen after cuDNN")
         moved += 1
     if moved:
