@@ -43,6 +43,10 @@ def test_models_suite_tiny_transformers_through_both_entry_points(tmp_path: Path
             assert res["max_rel_err"] <= 1e-4 and res["second_rel_err"] <= 1e-4 and res["second_batch"] == 3
             assert res["planned_kernels"] > 0 and res["us"] > 0
             assert res["compile_s"] > 0 and res["compile_warm_s"] > 0
+        backend = row["modes"]["sf-backend"]  # torch.compile's own share, reported beside the total
+        assert 0 < backend["dynamo_s"] <= backend["compile_s"] and 0 < backend["dynamo_warm_s"] <= backend["compile_warm_s"]
+        assert row["modes"]["streamfuse"]["dynamo_s"] is None
+    assert "Dynamo)" in printed
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -90,9 +90,15 @@ def streamfuse_table(results: list[WorkloadResult], title: str) -> Table:
                                                  res.fallback and f"fell back: {res.fallback}"]))
             status = "[green]ok[/]" if ok else f"[red]{escape(problems[:90])}[/]"
             table.add_row(r.workload, mode, err, "-" if tol is None else f"{tol:.0e}", second, kernels,
-                          "-" if res.compile_s is None else f"{res.compile_s:.1f}",
-                          "-" if res.compile_warm_s is None else f"{res.compile_warm_s:.1f}", status)
+                          _seconds(res.compile_s, res.dynamo_s), _seconds(res.compile_warm_s, res.dynamo_warm_s), status)
     return table
+
+
+def _seconds(total: float | None, dynamo: float | None) -> str:
+    """A compile time, with torch.compile's own frame compilation (Dynamo and AOTAutograd) beside it."""
+    if total is None:
+        return "-"
+    return f"{total:.1f}" if dynamo is None else f"{total:.1f} ({dynamo:.1f} Dynamo)"
 
 
 def failures(results: list[WorkloadResult]) -> list[str]:

@@ -53,6 +53,10 @@ NOTES = {
     "compile_warm_s": "in-process: the same model built again (a new object) and compiled again with the same, "
                       "now warm, cache_dir (for sf-backend after torch._dynamo.reset()); Triton's kernel cache "
                       "and torch's in-process caches are warm too",
+    "dynamo_s": "sf-backend: the part of compile_s / compile_warm_s spent in torch.compile's own frame "
+                "compilation (Dynamo's bytecode tracing, guards and AOTAutograd's tracing: "
+                "torch._dynamo.utils.compile_times '_compile.compile_inner'), which reduce-overhead pays too; "
+                "streamfuse's own part is the rest",
     "planned_kernels": "launches in the streamfuse plan(s) per call (CompiledGraph.stats['kernels'], summed over "
                        "the backend's graphs); kernels_per_call is measured by torch.profiler on CUDA",
     "second_batch": "the streamfuse modes called at this other batch size with the same compiled object; "
@@ -71,6 +75,8 @@ class ModeResult:
     compile_s: float | None = None
     planned_kernels: int | None = None
     compile_warm_s: float | None = None
+    dynamo_s: float | None = None
+    dynamo_warm_s: float | None = None
     second_batch: int | None = None
     second_rel_err: float | None = None
     second_error: str | None = None
@@ -262,6 +268,7 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
         with torch.no_grad():
             with contextlib.nullcontext() if peer_once else exact_fp32():
                 first_graph = len(compiled_graphs)
+                dynamo0 = dynamo_seconds()
                 t0 = time.perf_counter()
                 compiled: Callable[..., Any] | None = None
                 if mode in SF_MODES and not workload.parallel:
@@ -273,6 +280,8 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 result.compile_s = time.perf_counter() - t0
+                if mode == "sf-backend":
+                    result.dynamo_s = dynamo_seconds() - dynamo0
                 result.max_rel_err = None if peer_once else rel_error(out, ref, workload.rel_floor)
                 del out
             if mode == "streamfuse" and compiled is not None:
@@ -354,13 +363,26 @@ def compile_again(result: ModeResult, workload: Workload, device: torch.device, 
             torch._dynamo.reset()  # else Dynamo's in-memory cache would answer
         model, inputs = make_seeded(workload, device)
         with exact_fp32():
+            dynamo0 = dynamo_seconds()
             t0 = time.perf_counter()
             make_mode(result.mode, workload, model, inputs, config)()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             result.compile_warm_s = time.perf_counter() - t0
+            if result.mode == "sf-backend":
+                result.dynamo_warm_s = dynamo_seconds() - dynamo0
     except Exception as exc:  # noqa: BLE001 - reported beside the mode's (valid) time
         result.second_error = "; ".join(filter(None, [result.second_error, f"warm compile: {describe(exc)}"]))
+
+
+def dynamo_seconds() -> float:
+    """Seconds torch.compile has spent compiling frames in this process so far (Dynamo's tracing and
+    guards, AOTAutograd, and the backend's own compile function: streamfuse's binds lazily, at the
+    first call, so what it does is almost all outside this figure)."""
+    from torch._dynamo.utils import compile_times
+
+    names, values = compile_times(repr="csv", aggregate=True)
+    return sum(float(v) for n, v in zip(names, values, strict=True) if n == "_compile.compile_inner")
 
 
 def profile_gaps(result: ModeResult, fn: Callable[[], Any]) -> None:
