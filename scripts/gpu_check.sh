@@ -3,7 +3,7 @@
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
 #                       [models] [models-a] ... [models-e] [compile] [bandwidth] [generate] [training]
-#                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias]
+#                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
 #   (default: all, ~20 min: more than one call may run, so split it, e.g. `tests` alone (runs 56 and 58
@@ -23,7 +23,7 @@ if [ "${1:-}" = record ]; then
            bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt \
            generate.txt generate.json training.txt training.json training-vision.txt training-vision.json \
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
-           shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json; do
+           shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -85,6 +85,9 @@ step merge 560 bash -c 'for m in off on; do streamfuse bench --suite models --mo
 step bias 560 bash -c 'for m in off on; do streamfuse bench --suite models --models squeezenet,mobilenet_v3,regnet \
   --batch 1 --dtype float32 --modes $([ $m = on ] && echo eager,compile-ro,streamfuse,sf-backend || echo streamfuse,sf-backend) \
   --reps 20 --set conv_bias_epilogue=$([ $m = on ] && echo true || echo false) --out "$0/bias-$m"; done' "$OUT"
+# the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
+# per call (Dynamo's guards and parameter gathering; session 20)
+step backend-host 120 python3 benchmarks/backend_host.py
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --history --profile --json "$OUT/training-mix.json"
@@ -129,6 +132,7 @@ for f in models-a models-b models-c models-d models-e merge bias; do [ -f "$OUT/
 for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
+[ -f "$OUT/backend-host.txt" ] && tail -24 "$OUT/backend-host.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 exit 0

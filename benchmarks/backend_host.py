@@ -1,0 +1,77 @@
+"""Where the backend's time per call goes beside streamfuse.compile's, on real models (GPU only).
+
+For each model, batch 1, fp32, inference: µs per call (CUDA events, back to back, as the suite times)
+and host µs per call (short bursts, profile/timing.host_us_per_call) of
+  - streamfuse.compile (one CUDA graph replay behind a lean call path);
+  - torch.compile(backend="streamfuse");
+  - torch.compile with a backend that returns the first call's outputs and does nothing else: the floor
+    any torch.compile backend pays per call (Dynamo's guards and the bytecode that gathers the
+    parameters as graph inputs), and the same with guard evaluation skipped
+    (torch.compiler.set_stance(skip_guard_eval_unsafe=True), which a user may choose; streamfuse does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import streamfuse
+from streamfuse.profile.timing import host_us_per_call, time_cuda_us
+
+
+def cached_output_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    out = gm(*example_inputs)
+    return lambda *args: out
+
+
+def measure(name: str) -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)().eval().cuda()
+    x = torch.randn(1, 3, 224, 224, device="cuda")
+    tensors = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
+    rows: list[tuple[str, float, float]] = []
+
+    def row(label: str, fn: Callable[[], Any]) -> None:
+        fn()
+        rows.append((label, time_cuda_us(fn, reps=50), host_us_per_call(fn)))
+
+    sf = streamfuse.compile(model, (x,))
+    row("streamfuse.compile", lambda: sf(x))
+    torch._dynamo.reset()
+    backend = torch.compile(model, backend="streamfuse")
+    row("backend=streamfuse", lambda: backend(x))
+    torch._dynamo.reset()
+    floor = torch.compile(model, backend=cached_output_backend)
+    row("backend returning cached outputs", lambda: floor(x))
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+        row("  same, guards skipped", lambda: floor(x))
+        row("backend=streamfuse, guards skipped", lambda: backend(x))
+    print(f"{name} b1 fp32 ({tensors} parameters and buffers)")
+    for label, us, host in rows:
+        print(f"  {label:<38} {us:8.1f} µs per call  {host:8.1f} µs host")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="shufflenet_v2_x1_0,resnet50,mobilenet_v3_small")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs CUDA")
+        return 1
+    torch.set_grad_enabled(False)
+    for name in args.models.split(","):
+        measure(name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
