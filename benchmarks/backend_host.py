@@ -38,26 +38,27 @@ def measure(name: str) -> None:
     model = getattr(torchvision.models, name)().eval().cuda()
     x = torch.randn(1, 3, 224, 224, device="cuda")
     tensors = sum(1 for _ in model.parameters()) + sum(1 for _ in model.buffers())
-    rows: list[tuple[str, float, float]] = []
 
     def row(label: str, fn: Callable[[], Any]) -> None:
         fn()
-        rows.append((label, time_cuda_us(fn, reps=50), host_us_per_call(fn)))
+        us, host = time_cuda_us(fn, reps=50), host_us_per_call(fn)
+        print(f"  {label:<38} {us:8.1f} µs per call  {host:8.1f} µs host", flush=True)
 
+    print(f"{name} b1 fp32 ({tensors} parameters and buffers)", flush=True)
     sf = streamfuse.compile(model, (x,))
     row("streamfuse.compile", lambda: sf(x))
-    torch._dynamo.reset()
-    backend = torch.compile(model, backend="streamfuse")
-    row("backend=streamfuse", lambda: backend(x))
+    # (torch._dynamo.reset() drops every compiled frame: each torch.compile is measured before the next)
     torch._dynamo.reset()
     floor = torch.compile(model, backend=cached_output_backend)
     row("backend returning cached outputs", lambda: floor(x))
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
         row("  same, guards skipped", lambda: floor(x))
-        row("backend=streamfuse, guards skipped", lambda: backend(x))
-    print(f"{name} b1 fp32 ({tensors} parameters and buffers)")
-    for label, us, host in rows:
-        print(f"  {label:<38} {us:8.1f} µs per call  {host:8.1f} µs host")
+    torch._dynamo.reset()
+    backend = torch.compile(model, backend="streamfuse")
+    row("backend=streamfuse", lambda: backend(x))
+    with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+        row("  same, guards skipped", lambda: backend(x))
+    torch._dynamo.reset()
 
 
 def main() -> int:

@@ -163,6 +163,29 @@ def store_offset(index: Index, node: Node) -> Expr:
     return out
 
 
+CHANNELS_LAST_ORDER = (0, 2, 3, 1)
+"""Dims of a 4-D NCHW tensor from outermost to innermost in memory, in channels_last."""
+
+
+def memory_order(node: Node) -> tuple[int, ...] | None:
+    """Dims from outermost to innermost in memory where the kernel stores `node` channels_last
+    (store_strides; tune/network_layout.py marks such results), else None."""
+    strides = store_strides(node)
+    if strides is None or len(node.shape) != 4:
+        return None
+    live = [d for d in CHANNELS_LAST_ORDER if node.shape[d] != 1]
+    return CHANNELS_LAST_ORDER if all(strides[a] > strides[b] for a, b in itertools.pairwise(live)) else None
+
+
+def iteration_order(group: Group) -> tuple[int, ...] | None:
+    """The order a pointwise kernel walks its domain in: a channels_last output's memory order, so
+    its stores (and the loads of channels_last inputs) are coalesced; None for row-major, or where
+    an output has another shape than the domain (its offsets follow the row-major walk)."""
+    if any(out.shape != tuple(group.shape) for out in group.outputs):
+        return None
+    return next((order for out in group.outputs if (order := memory_order(out)) is not None), None)
+
+
 def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset: int) -> None:
     """Lines computing and storing `group`'s outputs for the tile of program `pid`."""
     n = math.prod(group.shape)
@@ -171,13 +194,20 @@ def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset:
         em.lines.append(f"mask = offs < {n}")
     else:
         em.full_masks.add("mask")
-    index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
+    order = iteration_order(group)
+    if order is None:
+        index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
+    else:  # offs walks memory order: element offs's coordinates, put back in logical dim order
+        walked = delinearize(Expr.var("offs"), [group.shape[d] for d in order])
+        index = em.hoist(tuple(walked[order.index(d)] for d in range(len(order))), "i")
     for j, out in enumerate(group.outputs):
         v = em.value(out, index)
-        if store_strides(out) is None:
+        if store_strides(out) is None and order is None:
             offset = "offs"
+        elif order is not None and out.shape == tuple(group.shape) and memory_order(out) == order:
+            offset = "offs"  # dense, walked in its own memory order
         else:  # the traced layout: the element's own coordinates in the output's shape
-            own = index if out.shape == group.shape else delinearize(Expr.var("offs"), out.shape)
+            own = index if out.shape == tuple(group.shape) else delinearize(Expr.var("offs"), out.shape)
             offset = store_offset(own, out).text
         em.store(f"out{out_offset + j}_ptr + {offset}", store_cast(v, out), em.mask_for(frozenset({"offs"})))
 

@@ -33,6 +33,8 @@ from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.schedule.plan import StreamSchedule, schedule_steps
 from streamfuse.tune.ceilings import DeviceCeilings, builtin_for, ceilings_for
 from streamfuse.tune.conv_layout import CONV, ConvLayoutChoice, choose_layout, eligible
+from streamfuse.tune.network_layout import NetworkLayout, choose_network_layout
+from streamfuse.tune.network_layout import apply as apply_network_layout
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
 
@@ -116,25 +118,32 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         choices = choose_matmuls(graph, config, ceilings)
     plan = plan_fusion(graph, config, choices, sm_count)
     clock.lap("fusion planning")
-    # 2. Triton source for each generated group (always, so explain() shows it on any machine)
-    pdl = on_gpu and use_pdl(config, device)
-    constants = graph.constant_nodes()
-    sources = {g.id: generate(g, config, target, sm_count, pdl, constants) for g in plan.groups if g.kind.generated}
-    clock.lap("code generation")
-    # 3. streams and events for the launches (a pure function; planned on every device); on the GPU
-    #    the matmul template's tile is tuned (or read from the tuning cache), a kernel that runs
-    #    beside others timed beside copies of itself (Config.autotune_concurrency)
-    #    A convolution's layout is chosen first (measured under Config.conv_layout="auto" on CUDA):
-    #    its measured time replaces the cost model's estimate in the critical path
-    #    (timed the way it will run: a result only generated kernels read stays channels_last)
+    # 2. each convolution's layout (measured under Config.conv_layout="auto" on CUDA; timed the way
+    #    it will run: a result only generated kernels read stays channels_last), then the network's:
+    #    channels_last throughout where that beats the one-by-one choice, the kernels before the
+    #    convolutions storing their results so (before code generation, which writes them)
     owner = plan.group_of()
     convs = [g for g in plan.groups if len(g.nodes) == 1 and eligible(g.nodes[0], graph)]
     keep_cl = {g.name: config.conv_keep_channels_last and executor == "triton"
                and read_by_kernels_only(g.nodes[0], plan, owner) for g in convs}
     conv_layouts = {g.name: choose_layout(g.nodes[0], graph, config, device, convert_back=not keep_cl[g.name])
                     for g in convs}
+    network = NetworkLayout(False, "the executor runs no generated kernels")
+    if executor == "triton":
+        network, conv_layouts = choose_network_layout(plan, owner, convs, conv_layouts, keep_cl, config, device)
+        if network.channels_last:
+            apply_network_layout(network)
     measured = {g.id: us for g in convs if (us := conv_layouts[g.name].measured_us) is not None}
     clock.lap("convolution layouts")
+    # 3. Triton source for each generated group (always, so explain() shows it on any machine)
+    pdl = on_gpu and use_pdl(config, device)
+    constants = graph.constant_nodes()
+    sources = {g.id: generate(g, config, target, sm_count, pdl, constants) for g in plan.groups if g.kind.generated}
+    clock.lap("code generation")
+    # 4. streams and events for the launches (a pure function; planned on every device), a measured
+    #    convolution's time in place of the cost model's estimate on the critical path; on the GPU
+    #    the matmul template's tile is tuned (or read from the tuning cache), a kernel that runs
+    #    beside others timed beside copies of itself (Config.autotune_concurrency)
     schedule = schedule_steps(plan, config, measured)
     clock.lap("stream schedule")
     if on_gpu and config.autotune:
@@ -146,7 +155,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
                 sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device,
                                                concurrency=k)
     clock.lap("matmul tuning")
-    # 4. one step per group; generated kernels are compiled (cached by content hash) when used; a
+    # 5. one step per group; generated kernels are compiled (cached by content hash) when used; a
     #    convolution runs in the layout chosen above
     slot = {n: i for i, n in enumerate(graph.nodes)}
     steps: list[Step] = []
@@ -164,18 +173,19 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
             steps.append(step)
         else:
             steps.append(NodeStep(g, slot))
-    # 5. zero-copy views of weights are taken once, not on every call; programmatic dependent
+    # 6. zero-copy views of weights are taken once, not on every call; programmatic dependent
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
     in_place = store_in_place(plan, steps, graph, slot) if config.store_in_place else set()  # runtime/writeback.py
     mark_pdl_launches(steps, schedule, config.pdl_beside_others, config.pdl_after_convolutions)
     clock.lap("steps")
-    # 6. the generated kernels compiled ahead of the first call, several at once
+    # 7. the generated kernels compiled ahead of the first call, several at once
     failures = precompile(steps, device, config.compile_threads) if on_gpu and config.compile_threads else []
     clock.lap("kernel compile")
     exe = Executable(graph, plan, steps, sources, schedule, config, device, executor)
     exe.ceilings = ceilings
     exe.conv_layouts = conv_layouts
+    exe.network_layout = network
     exe.rng = rng
     exe.use_in_place(in_place)
     if rng is not None and (rng.offset_tensor is None or rng.offset_tensor.device != device):
@@ -296,6 +306,8 @@ class Executable:
         """The device ceilings the plan's cost model used (calibrated on CUDA)."""
         self.conv_layouts: dict[str, ConvLayoutChoice] = {}
         """Layout of each eligible convolution step, by group name (tune/conv_layout.py)."""
+        self.network_layout: NetworkLayout | None = None
+        """The activations' layout across the convolutions (tune/network_layout.py)."""
         self.sm_count = DEFAULT_SM_COUNT
         self.precompile_failures: list[str] = []
         """Kernels that did not compile ahead of the first call (runtime/precompile.py)."""

@@ -10,6 +10,7 @@ from streamfuse.fusion.groups import Group, GroupKind
 from streamfuse.fusion.legality import matmul_operands
 from streamfuse.ir.graph import Node
 from streamfuse.ir.ops import OpKind
+from streamfuse.codegen.kernel import memory_order
 from streamfuse.runtime.steps import ChannelsLastConvStep, KernelStep
 from streamfuse.schedule.cost import estimate_us, unfused_us
 
@@ -65,7 +66,7 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
     lines = [f"{g.name}  [{g.kind.value}] {head}", f"    ops ({len(g.nodes)}): {ops}"]
     if g.kind.generated:
         lines.append(f"    reads:  {', '.join(_tensor(n) for n in g.inputs) or '-'}")
-        lines.append(f"    writes: {', '.join(_tensor(n) for n in g.outputs)}")
+        lines.append(f"    writes: {', '.join(_tensor(n) + (' (channels_last)' if memory_order(n) else '') for n in g.outputs)}")
         ceilings = compiled.base.ceilings
         fused = estimate_us(g, ceilings=ceilings)
         before, kernels = unfused_us(g, ceilings)
@@ -103,8 +104,11 @@ def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
         f"({s['generated_kernels']} generated, {s['aten_kernels']} ATen), {plan.merges} merges, "
         f"executor={compiled.executor}, device={compiled.device}",
         "",
-        "kernels, in launch order:",
     ]
+    network = compiled.base.network_layout
+    if network is not None and compiled.base.conv_layouts:
+        out += [network.describe(), ""]
+    out += ["kernels, in launch order:"]
     out += [_describe(g, compiled) for g in plan.groups]
     if compiled.graph.notes:
         out += ["", "graph rewrites:"] + [f"  {note}" for note in compiled.graph.notes]

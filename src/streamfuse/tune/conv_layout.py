@@ -82,14 +82,17 @@ def choose_layout(node: Node, graph: Graph, config: Config, device: torch.device
 
 def measure_layout(node: Node, graph: Graph, config: Config, device: torch.device,
                    timer: Callable[[Callable[[], Any]], float] = time_graph_us,
-                   convert_back: bool = True) -> ConvLayoutChoice:
-    """Both layouts timed with `timer` on random operands (or read from the cache), the faster kept."""
+                   convert_back: bool = True, input_channels_last: bool = False) -> ConvLayoutChoice:
+    """Both layouts timed with `timer` on random operands (or read from the cache), the faster kept.
+    `input_channels_last`: the channels_last way gets its input already channels_last (written so by
+    the kernel before it: tune/network_layout.py), so its time has no input conversion."""
     owned = node.args[1] in graph.snapshots
-    key = _key(node, device, owned) + ("" if convert_back else "|result kept channels_last")
+    key = (_key(node, device, owned) + ("" if convert_back else "|result kept channels_last")
+           + ("|input channels_last" if input_channels_last else ""))
     cached = load_cache(config.cache_dir).get(key)
     if cached is None:
         try:
-            times = _measure(node, device, owned, timer, convert_back)
+            times = _measure(node, device, owned, timer, convert_back, input_channels_last)
         except RuntimeError as e:  # cuDNN refused a layout: keep the recorded one
             return ConvLayoutChoice("native", reason=f"channels_last failed: {str(e).splitlines()[0][:80]}")
         if times is None:
@@ -102,19 +105,20 @@ def measure_layout(node: Node, graph: Graph, config: Config, device: torch.devic
 
 
 def _measure(node: Node, device: torch.device, owned: bool, timer: Callable[[Callable[[], Any]], float],
-             convert_back: bool = True) -> tuple[float, float] | None:
+             convert_back: bool = True, input_channels_last: bool = False) -> tuple[float, float] | None:
     """(NCHW µs, channels_last µs), or None if the two disagree by more than 1% of the result's scale."""
     cl = torch.channels_last
     with unset_fake_temporarily():
         args = [random_operand(a, device) if isinstance(a, Node) else a for a in node.args]
         weight = args[1].contiguous(memory_format=cl)
+        x_cl = args[0].contiguous(memory_format=cl) if input_channels_last else None
 
         def native() -> Any:
             return node.target(*args)
 
         def channels_last() -> Any:
             a = list(args)
-            a[0] = a[0].contiguous(memory_format=cl)
+            a[0] = x_cl if x_cl is not None else a[0].contiguous(memory_format=cl)
             a[1] = weight if owned else a[1].contiguous(memory_format=cl)
             out = node.target(*a)
             return out.contiguous() if convert_back else out

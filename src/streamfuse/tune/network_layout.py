@@ -1,0 +1,137 @@
+"""One memory layout for a convolutional network's activations (Config.conv_layout).
+
+Chosen one convolution at a time (tune/conv_layout.py), channels_last pays for converting each
+convolution's NCHW input, a full copy of the activation per convolution; at batch 32 that copy
+costs about as much as the convolution, so "auto" kept most of resnet50's convolutions in NCHW,
+where cuDNN's float32 (TF32) kernels on the H200 are the slow ones, and the suite's vision models
+ran at 0.70-0.74x of torch.compile(mode="reduce-overhead") at batch 32 (run 79; Inductor runs the
+whole network channels_last).
+
+Here the layout is chosen for the network: every eligible convolution runs channels_last, and the
+generated pointwise kernel feeding a convolution stores its result channels_last (walking its
+domain in that memory order, codegen/kernel.iteration_order), so the next convolution reads it
+without a conversion. Only results read by nothing but generated pointwise kernels (which take
+strides at launch) and channels_last convolutions are stored so; a model output never is.
+
+"auto" (CUDA with Config.autotune) keeps the network layout only if the convolutions, timed the
+way they would run in it (input already channels_last where a kernel stores it so), beat the
+one-by-one choice by Config.conv_layout_margin; "channels_last" always takes it; "native" never.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from streamfuse.config import Config
+from streamfuse.fusion.groups import Group, GroupKind, Plan
+from streamfuse.ir.graph import Node
+from streamfuse.ir.indexing import contiguous_strides
+from streamfuse.profile.timing import time_graph_us
+from streamfuse.tune.conv_layout import ConvLayoutChoice, measure_layout
+
+_STRIDED = frozenset({GroupKind.POINTWISE, GroupKind.HORIZONTAL})
+"""Groups whose kernels load every input with the strides it has at launch."""
+
+
+@dataclass
+class NetworkLayout:
+    channels_last: bool
+    reason: str
+    channels_last_us: float | None = None
+    """The convolutions' µs in the network layout (measured under "auto")."""
+    chosen_us: float | None = None
+    """The convolutions' µs as chosen one at a time (measured under "auto")."""
+    stored: list[Node] = field(default_factory=list)
+    """Kernel results stored channels_last for the convolutions that read them."""
+
+    def describe(self) -> str:
+        measured = (f": convolutions {self.channels_last_us:.1f} µs so, against {self.chosen_us:.1f} µs "
+                    f"in the layouts chosen one at a time" if self.channels_last_us is not None
+                    and self.chosen_us is not None else "")
+        if not self.channels_last:
+            return f"activation layout: chosen per convolution ({self.reason}{measured})"
+        return (f"activation layout: channels_last through the network ({self.reason}{measured}); "
+                f"{len(self.stored)} kernel result(s) stored channels_last for the convolutions after them")
+
+
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (c * h * w, 1, w * c, c)
+
+
+def storable(plan: Plan, owner: dict[Node, Group], convs: set[Node]) -> list[Node]:
+    """The inputs of `convs` that their producing pointwise kernel can store channels_last: 4-D
+    floating results, recorded contiguous, no graph output, read only by generated pointwise
+    kernels and as the input of convolutions in `convs`."""
+    outputs = plan.graph.output_nodes
+    found: list[Node] = []
+    for conv in convs:
+        x = conv.args[0]
+        if not isinstance(x, Node) or x in found or x in outputs or x.dtype is None:
+            continue
+        g = owner.get(x)
+        if g is None or g.kind is not GroupKind.POINTWISE or x not in g.outputs or len(x.shape) != 4:
+            continue
+        if not x.dtype.is_floating_point or tuple(x.strides) != contiguous_strides(x.shape):
+            continue
+        if x.shape[1] == 1 or x.shape[2] * x.shape[3] == 1:
+            continue  # the same bytes in either layout
+        if all((ug := owner.get(u)) is not None and ug.kind in _STRIDED or (u in convs and u.args[0] is x and x not in u.args[1:])
+               for u in x.users):
+            found.append(x)
+    return found
+
+
+def choose_network_layout(plan: Plan, owner: dict[Node, Group], convs: list[Group],
+                          per_conv: dict[str, ConvLayoutChoice], keep_cl: dict[str, bool], config: Config,
+                          device: torch.device,
+                          timer: Callable[[Callable[[], Any]], float] = time_graph_us
+                          ) -> tuple[NetworkLayout, dict[str, ConvLayoutChoice]]:
+    """The network's layout, and each convolution's choice under it (`per_conv` where unchanged).
+    Stores nothing yet: `apply` does, once the caller keeps the layout."""
+    nodes = {g.nodes[0] for g in convs}
+    if config.conv_layout == "native":
+        return NetworkLayout(False, "Config.conv_layout"), per_conv
+    if len(convs) < 2:
+        return NetworkLayout(False, f"{len(convs)} convolution(s) it could convert"), per_conv
+    stored = storable(plan, owner, nodes)
+    if config.conv_layout == "channels_last":
+        return NetworkLayout(True, "Config.conv_layout", stored=stored), per_conv
+    if device.type != "cuda" or not config.autotune:
+        return NetworkLayout(False, "not measured: needs CUDA and Config.autotune"), per_conv
+    return measure_network_layout(plan, convs, per_conv, keep_cl, stored, config, device, timer)
+
+
+def measure_network_layout(plan: Plan, convs: list[Group], per_conv: dict[str, ConvLayoutChoice],
+                           keep_cl: dict[str, bool], stored: list[Node], config: Config, device: torch.device,
+                           timer: Callable[[Callable[[], Any]], float] = time_graph_us
+                           ) -> tuple[NetworkLayout, dict[str, ConvLayoutChoice]]:
+    """"auto": every convolution timed channels_last the way the network layout runs it (its input
+    already channels_last where `stored` holds it; cached), summed against the one-by-one choices."""
+    chosen = network = 0.0
+    choices: dict[str, ConvLayoutChoice] = {}
+    for g in convs:
+        node, one = g.nodes[0], per_conv[g.name]
+        if one.measured_us is None:
+            return NetworkLayout(False, f"{g.name} not measured ({one.reason})"), per_conv
+        m = measure_layout(node, plan.graph, config, device, timer, convert_back=not keep_cl[g.name],
+                           input_channels_last=node.args[0] in stored)
+        if m.channels_last_us is None:
+            return NetworkLayout(False, f"{g.name}: {m.reason}"), per_conv
+        chosen += one.measured_us
+        network += m.channels_last_us
+        choices[g.name] = ConvLayoutChoice("channels_last", one.native_us, m.channels_last_us,
+                                           reason="network layout, measured")
+    wins = network < (1.0 - config.conv_layout_margin) * chosen
+    layout = NetworkLayout(wins, "measured", network, chosen, stored if wins else [])
+    return layout, (choices if wins else per_conv)
+
+
+def apply(layout: NetworkLayout) -> None:
+    """Record the stored results' channels_last strides: code generation writes them so."""
+    for x in layout.stored:
+        x.strides = channels_last_strides(x.shape)

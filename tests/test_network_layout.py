@@ -1,0 +1,173 @@
+"""One activation layout across a convolutional network (tune/network_layout.py): the kernels
+before the convolutions store channels_last, walking their domain in that memory order, the
+convolutions read those results without a conversion, and the answers stay eager's; "auto"
+keeps the network layout only when its measured convolutions beat the one-by-one choice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import streamfuse
+from streamfuse.runtime.steps import ChannelsLastConvStep
+from streamfuse.tune.conv_layout import eligible, measure_layout
+from streamfuse.tune.network_layout import channels_last_strides, measure_network_layout, storable
+
+
+class Block(nn.Module):
+    """conv-BN-ReLU, conv-BN, a residual add and ReLU, max-pooled, then a 1x1 conv and a head:
+    odd channel counts and sizes, so a wrong stride or walk shows."""
+
+    def __init__(self, c: int = 5) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(c)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.proj = nn.Conv2d(c, 7, 1)
+        self.head = nn.Linear(7, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(self.bn0(self.stem(x)))
+        b = torch.relu(self.bn1(self.conv1(a)))
+        c = torch.relu(self.conv2(b) + a)
+        d = torch.relu(self.proj(self.pool(c)))
+        return self.head(d.mean((2, 3)))
+
+
+def randomized(device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    model = Block().eval()
+    with torch.no_grad():
+        for bn in (model.bn0, model.bn1):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    return model.to(device)
+
+
+def tol(device: torch.device) -> float:
+    return 5e-3 if device.type == "cuda" else 1e-4  # cuDNN's float32 convolutions run in TF32
+
+
+def test_kernels_store_channels_last_for_the_convolutions_after_them(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = randomized(device)
+    x = torch.randn(3, 3, 9, 7, device=device)
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="channels_last"))
+    exe = compiled.base
+    network = exe.network_layout
+    assert network is not None and network.channels_last and len(network.stored) >= 3
+    for node in network.stored:
+        assert node.strides == channels_last_strides(node.shape)
+    # the kernels that write them store channels_last strides
+    written = [o for src in exe.sources.values() for o, st in zip(src.outputs, src.output_strides or [], strict=False)
+               if st is not None and st == channels_last_strides(o.shape)]
+    assert set(written) >= set(network.stored)
+    explained = compiled.explain()
+    assert "activation layout: channels_last through the network (Config.conv_layout)" in explained
+    assert explained.count("(channels_last)") >= len(network.stored)
+    # at run time the convolutions find their inputs channels_last already (no conversion)
+    seen: list[bool] = []
+    steps = [s for s in exe.steps if isinstance(s, ChannelsLastConvStep)]
+    assert len(steps) == 4
+    for step in steps:
+        original = step.run
+
+        def spy(env, step=step, original=original):  # type: ignore[no-untyped-def]
+            args, _ = step.arguments(step.call, env)
+            seen.append(args[0].dim() == 4 and args[0].is_contiguous(memory_format=torch.channels_last))
+            return original(env)
+
+        step.run = spy  # type: ignore[method-assign]
+    with torch.no_grad():
+        for seed in range(3):
+            x = torch.randn(3, 3, 9, 7, device=device) * (seed + 1)
+            torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+    # the stem reads the caller's NCHW image; the three convolutions after kernels read channels_last
+    assert sum(seen) == 3 * 3 and len(seen) == 4 * 3
+
+
+def test_network_layout_through_the_backend_and_at_another_batch(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = randomized(device)
+    cfg = config.replace(conv_layout="channels_last")
+    backend = torch.compile(model, backend=streamfuse.make_backend(cfg), dynamic=False)
+    compiled = streamfuse.compile(model, (torch.randn(2, 3, 11, 5, device=device),), cfg)
+    with torch.no_grad():
+        for batch in (2, 5):
+            x = torch.randn(batch, 3, 11, 5, device=device)
+            want = model(x)
+            torch.testing.assert_close(backend(x), want, rtol=tol(device), atol=tol(device))
+            torch.testing.assert_close(compiled(x), want, rtol=tol(device), atol=tol(device))
+    torch._dynamo.reset()
+
+
+def test_results_read_by_aten_or_returned_stay_nchw(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A result the caller sees, or that an ATen op reads, keeps the recorded layout."""
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            h = torch.relu(self.a(x))
+            return self.b(h), h  # h is an output as well as the second convolution's input
+
+    torch.manual_seed(1)
+    model = Two().eval().to(device)
+    x = torch.randn(2, 3, 6, 6, device=device)
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="channels_last"))
+    assert compiled.base.network_layout is not None and compiled.base.network_layout.stored == []
+    with torch.no_grad():
+        out, h = compiled(x)
+        want_out, want_h = model(x)
+    assert h.is_contiguous()
+    torch.testing.assert_close(out, want_out, rtol=tol(device), atol=tol(device))
+    torch.testing.assert_close(h, want_h, rtol=tol(device), atol=tol(device))
+
+
+@pytest.mark.parametrize(("pure_us", "expected"), [(5.0, True), (9.5, False)])
+def test_auto_keeps_the_network_layout_only_when_its_convolutions_win_by_the_margin(
+        config, tmp_path, pure_us, expected) -> None:  # type: ignore[no-untyped-def]
+    """Each convolution alone: NCHW 10 µs, channels_last with its input conversion 12 µs (so NCHW
+    one by one, 10 µs each); in the network layout, with its input already channels_last,
+    `pure_us`, except the stem, whose input is the caller's NCHW image: it keeps its conversion
+    (12 µs, read from the cache of the one-by-one measurement). The margin is 10%."""
+    model = randomized(torch.device("cpu"))
+    compiled = streamfuse.compile(model, (torch.randn(2, 3, 8, 8),), config.replace(conv_layout="native"))
+    plan, graph = compiled.plan, compiled.graph
+    owner = plan.group_of()
+    convs = [g for g in plan.groups if len(g.nodes) == 1 and eligible(g.nodes[0], graph)]
+    assert len(convs) == 4
+    cfg = config.replace(conv_layout="auto", autotune=True, cache_dir=tmp_path)
+    keep = {g.name: False for g in convs}
+    phase = {"cl": 12.0}
+
+    def timer(fn):  # type: ignore[no-untyped-def]
+        out = fn()
+        return 10.0 if out.is_contiguous() and not timer.cl else phase["cl"]  # type: ignore[attr-defined]
+
+    def alternating(fn):  # type: ignore[no-untyped-def]
+        timer.cl = alternating.calls % 2 == 1  # type: ignore[attr-defined]
+        alternating.calls += 1  # type: ignore[attr-defined]
+        return timer(fn)
+
+    alternating.calls = 0  # type: ignore[attr-defined]
+    per_conv = {g.name: measure_layout(g.nodes[0], graph, cfg, torch.device("cpu"), alternating) for g in convs}
+    assert all(c.layout == "native" and c.measured_us == 10.0 for c in per_conv.values())
+    stored = storable(plan, owner, {g.nodes[0] for g in convs})
+    phase["cl"] = pure_us
+    layout, choices = measure_network_layout(plan, convs, per_conv, keep, stored, cfg, torch.device("cpu"),
+                                             alternating)
+    assert len(stored) == 3 and (layout.channels_last_us, layout.chosen_us) == (3 * pure_us + 12.0, 40.0)
+    assert layout.channels_last is expected and (layout.stored == stored if expected else layout.stored == [])
+    if expected:
+        assert sorted(c.channels_last_us for c in choices.values()) == [pure_us] * 3 + [12.0]
+        assert all(c.layout == "channels_last" and c.native_us == 10.0 for c in choices.values())
+        assert "channels_last through the network (measured: convolutions 27.0 µs so" in layout.describe()
+    else:
+        assert choices is per_conv and "chosen per convolution (measured" in layout.describe()
