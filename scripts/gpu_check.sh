@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-tp] [models-sf] [netlayout] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-tp] [models-sf] [netlayout] [netcheck] [models-perm] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -81,6 +81,12 @@ step netlayout 120 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short 
   tests/test_conv_layout.py tests/test_conv_bias.py tests/test_fold.py
 step models-sf 300 streamfuse bench --suite models --models resnet50,googlenet,mobilenet_v2,efficientnet,squeezenet,mobilenet_v3,shufflenet,inception \
   --batch 1 --dtype float32 --modes streamfuse --reps 20 --out "$OUT/models-sf"
+# the walk in memory order reaches every 4-D channels_last store (convnext's permutes, SDPA's
+# transposed operands): the op, fuzz and model tests, and the permuting models through both entries
+step netcheck 150 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_ops.py tests/test_fuzz.py \
+  tests/test_models.py tests/test_gpu.py
+step models-perm 200 streamfuse bench --suite models --models convnext,vit_b,swin --batch 1 --dtype float32 \
+  --modes streamfuse,sf-backend --reps 20 --out "$OUT/models-perm"
 step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-d"
 step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-small,llama --batch 1 \
@@ -137,13 +143,14 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
-for f in models-a models-b models-c models-c2 models-tp models-sf models-d models-e merge bias; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in models-a models-b models-c models-c2 models-tp models-sf models-perm models-d models-e merge bias; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
 [ -f "$OUT/shapes-llama.txt" ] && tail -10 "$OUT/shapes-llama.txt"
 for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/netlayout.txt" ] && tail -15 "$OUT/netlayout.txt"
+[ -f "$OUT/netcheck.txt" ] && tail -15 "$OUT/netcheck.txt"
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
 [ -f "$OUT/backend-host.txt" ] && tail -24 "$OUT/backend-host.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
