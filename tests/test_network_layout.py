@@ -61,8 +61,10 @@ def test_kernels_store_channels_last_for_the_convolutions_after_them(config, dev
     exe = compiled.base
     network = exe.network_layout
     assert network is not None and network.channels_last and len(network.stored) >= 3
+    owner = compiled.plan.group_of()
     for node in network.stored:
         assert node.strides == channels_last_strides(node.shape)
+        assert owner[node].walk == (0, 2, 3, 1)  # its kernel walks the result in memory order
     # the kernels that write them store channels_last strides
     written = [o for src in exe.sources.values() for o, st in zip(src.outputs, src.output_strides or [], strict=False)
                if st is not None and st == channels_last_strides(o.shape)]
@@ -171,3 +173,17 @@ def test_auto_keeps_the_network_layout_only_when_its_convolutions_win_by_the_mar
         assert "channels_last through the network (measured: convolutions 27.0 µs so" in layout.describe()
     else:
         assert choices is per_conv and "chosen per convolution (measured" in layout.describe()
+
+
+def test_a_traced_channels_last_store_keeps_the_row_major_walk(config, device) -> None:  # type: ignore[no-untyped-def]
+    """Only the network layout changes a kernel's walk: a result the trace recorded channels_last
+    (a permuted view made contiguous) is stored so, walked row-major as before."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = (x * 2).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+        return torch.relu(y) + 1
+
+    x = torch.randn(2, 5, 3, 7, device=device)
+    compiled = streamfuse.compile(f, (x,), config.replace(conv_layout="channels_last"))
+    assert all(g.walk is None for g in compiled.plan.groups)
+    torch.testing.assert_close(compiled(x), f(x))

@@ -163,27 +163,24 @@ def store_offset(index: Index, node: Node) -> Expr:
     return out
 
 
-CHANNELS_LAST_ORDER = (0, 2, 3, 1)
-"""Dims of a 4-D NCHW tensor from outermost to innermost in memory, in channels_last."""
-
-
 def memory_order(node: Node) -> tuple[int, ...] | None:
-    """Dims from outermost to innermost in memory where the kernel stores `node` channels_last
-    (store_strides; tune/network_layout.py marks such results), else None."""
+    """Dims from outermost to innermost in memory where the kernel stores a 4-D `node` channels_last
+    (store_strides), else None."""
     strides = store_strides(node)
     if strides is None or len(node.shape) != 4:
         return None
-    live = [d for d in CHANNELS_LAST_ORDER if node.shape[d] != 1]
-    return CHANNELS_LAST_ORDER if all(strides[a] > strides[b] for a, b in itertools.pairwise(live)) else None
+    order = (0, 2, 3, 1)
+    live = [d for d in order if node.shape[d] != 1]
+    return order if all(strides[a] > strides[b] for a, b in itertools.pairwise(live)) else None
 
 
 def iteration_order(group: Group) -> tuple[int, ...] | None:
-    """The order a pointwise kernel walks its domain in: a channels_last output's memory order, so
-    its stores (and the loads of channels_last inputs) are coalesced; None for row-major, or where
-    an output has another shape than the domain (its offsets follow the row-major walk)."""
-    if any(out.shape != tuple(group.shape) for out in group.outputs):
+    """The order a pointwise kernel walks its domain in (Group.walk: set by the network layout for
+    kernels storing a result channels_last); None for row-major, or where an output has another
+    shape than the domain (its offsets follow the row-major walk)."""
+    if group.walk is None or any(out.shape != tuple(group.shape) for out in group.outputs):
         return None
-    return next((order for out in group.outputs if (order := memory_order(out)) is not None), None)
+    return group.walk
 
 
 def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset: int) -> None:

@@ -81,6 +81,10 @@ class Group:
     """Why an ATEN group was not generated, when it could have been; for MATMUL, the cost-model choice."""
     parts: list[Group] = field(default_factory=list)
     """HORIZONTAL: the packed pointwise groups, in launch-range order."""
+    walk: tuple[int, ...] | None = None
+    """POINTWISE: the order the kernel walks its domain in, outermost dim first, where that is not
+    row-major: (0, 2, 3, 1) for a kernel the network layout has store a result channels_last
+    (tune/network_layout.py), so its stores stay coalesced."""
 
     @property
     def name(self) -> str:

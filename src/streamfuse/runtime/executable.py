@@ -132,7 +132,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     if executor == "triton":
         network, conv_layouts = choose_network_layout(plan, owner, convs, conv_layouts, keep_cl, config, device)
         if network.channels_last:
-            apply_network_layout(network)
+            apply_network_layout(network, owner)
     measured = {g.id: us for g in convs if (us := conv_layouts[g.name].measured_us) is not None}
     clock.lap("convolution layouts")
     # 3. Triton source for each generated group (always, so explain() shows it on any machine)

@@ -131,7 +131,13 @@ def measure_network_layout(plan: Plan, convs: list[Group], per_conv: dict[str, C
     return layout, (choices if wins else per_conv)
 
 
-def apply(layout: NetworkLayout) -> None:
-    """Record the stored results' channels_last strides: code generation writes them so."""
+def apply(layout: NetworkLayout, owner: dict[Node, Group]) -> None:
+    """Record the stored results' channels_last strides, and have their kernels walk that memory
+    order (Group.walk): code generation writes them so."""
     for x in layout.stored:
         x.strides = channels_last_strides(x.shape)
+        owner[x].walk = CHANNELS_LAST_ORDER
+
+
+CHANNELS_LAST_ORDER = (0, 2, 3, 1)
+"""Dims of a 4-D NCHW tensor from outermost to innermost in memory, in channels_last."""
