@@ -80,10 +80,18 @@ def storable(plan: Plan, owner: dict[Node, Group], convs: set[Node]) -> list[Nod
             continue
         if x.shape[1] == 1 or x.shape[2] * x.shape[3] == 1:
             continue  # the same bytes in either layout
-        if all((ug := owner.get(u)) is not None and ug.kind in _STRIDED or (u in convs and u.args[0] is x and x not in u.args[1:])
-               for u in x.users):
+        if all(_reads_as_stored(u, x, owner, convs) for u in x.users):
             found.append(x)
     return found
+
+
+def _reads_as_stored(user: Node, x: Node, owner: dict[Node, Group], convs: set[Node]) -> bool:
+    """`user` reads `x` correctly and cheaply in channels_last: a generated pointwise kernel (strides
+    at launch), or a convolution of `convs` reading it as its input only."""
+    group = owner.get(user)
+    if group is not None and group.kind in _STRIDED:
+        return True
+    return user in convs and user.args[0] is x and x not in user.args[1:]
 
 
 def choose_network_layout(plan: Plan, owner: dict[Node, Group], convs: list[Group],
