@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import streamfuse
@@ -187,3 +188,78 @@ def test_a_traced_channels_last_store_keeps_the_row_major_walk(config, device) -
     compiled = streamfuse.compile(f, (x,), config.replace(conv_layout="channels_last"))
     assert all(g.walk is None for g in compiled.plan.groups)
     torch.testing.assert_close(compiled(x), f(x))
+
+
+class RandomConvNet(nn.Module):
+    """A random stack of convolutional blocks from one seed: 1x1/3x3 convolutions (some strided,
+    some grouped, some with batch-norm), ReLU/SiLU, residual adds, two-branch cats, max and average
+    pools, squeeze-and-excitation scales, and an intermediate result returned beside the head."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        rng = torch.Generator().manual_seed(seed)
+        pick = lambda n: int(torch.randint(n, (1,), generator=rng))  # noqa: E731
+        self.kinds: list[str] = []
+        self.layers = nn.ModuleList()
+        c = 3
+        for _ in range(7 + pick(4)):
+            kind = ["conv", "conv", "residual", "residual", "cat", "cat", "se", "pool", "avgpool"][pick(9)]
+            if kind == "conv":
+                out, k, stride = 3 + pick(6), [1, 3][pick(2)], [1, 2][pick(2)]
+                groups = c if out == c and pick(2) else 1
+                layer = nn.Sequential(nn.Conv2d(c, out, k, stride, k // 2, groups=groups, bias=bool(pick(2))),
+                                      *([nn.BatchNorm2d(out)] if pick(2) else []))
+                c = out
+            elif kind in ("residual", "se"):
+                layer = nn.Conv2d(c, c, 3, padding=1) if kind == "residual" else nn.Sequential(
+                    nn.Conv2d(c, 2, 1), nn.ReLU(), nn.Conv2d(2, c, 1), nn.Sigmoid())
+            elif kind == "cat":
+                layer = nn.ModuleList([nn.Conv2d(c, 2 + pick(3), 1), nn.Conv2d(c, 2 + pick(3), 3, padding=1)])
+                c = layer[0].out_channels + layer[1].out_channels
+            else:
+                layer = nn.Identity()
+            self.kinds.append(kind)
+            self.layers.append(layer)
+        self.head = nn.Linear(c, 3)
+        self.out_at = pick(len(self.kinds))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        side = x
+        for i, (kind, layer) in enumerate(zip(self.kinds, self.layers, strict=True)):
+            if kind == "conv":
+                x = torch.relu(layer(x)) if i % 2 else F.silu(layer(x))
+            elif kind == "residual":
+                x = torch.relu(layer(x) + x)
+            elif kind == "cat":
+                x = torch.relu(torch.cat([layer[0](x), layer[1](x)], 1))
+            elif kind == "pool":
+                x = F.max_pool2d(x, 3, 2, 1) if min(x.shape[2:]) > 2 else x
+            elif kind == "avgpool":
+                x = F.avg_pool2d(x, 3, 1, 1)
+            else:
+                x = x * layer(x.mean((2, 3), keepdim=True))
+            if i == self.out_at:
+                side = x * 2
+        return self.head(x.mean((2, 3))), side
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_convolutional_networks_match_eager_in_the_network_layout(config, device, seed) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(seed)
+    model = RandomConvNet(seed).eval().to(device)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 15, 13, device=device)
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="channels_last"))
+    network = compiled.base.network_layout
+    assert network is not None and network.channels_last and network.stored  # 1 to 8 per seed, 27 in all
+    with torch.no_grad():
+        for batch in (2, 3):
+            x = torch.randn(batch, 3, 15, 13, device=device)
+            got, want = compiled(x), model(x)
+            for g, w in zip(got, want, strict=True):
+                assert g.is_contiguous()  # results the caller sees keep the recorded layout
+                torch.testing.assert_close(g, w, rtol=tol(device), atol=tol(device))
