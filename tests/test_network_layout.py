@@ -5,6 +5,8 @@ keeps the network layout only when its measured convolutions beat the one-by-one
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -263,3 +265,16 @@ def test_random_convolutional_networks_match_eager_in_the_network_layout(config,
             for g, w in zip(got, want, strict=True):
                 assert g.is_contiguous()  # results the caller sees keep the recorded layout
                 torch.testing.assert_close(g, w, rtol=tol(device), atol=tol(device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_network_layout_matches_eager(config, device, dtype) -> None:  # type: ignore[no-untyped-def]
+    model = randomized(device).to(dtype)
+    x = torch.randn(3, 3, 9, 7, device=device, dtype=dtype)
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="channels_last"))
+    assert compiled.base.network_layout is not None and compiled.base.network_layout.stored
+    with torch.no_grad():
+        x = torch.randn(3, 3, 9, 7, device=device, dtype=dtype)
+        want = copy.deepcopy(model).float()(x.float())
+        # against float32 eager: streamfuse computes in float32 between the half-precision stores
+        torch.testing.assert_close(compiled(x).float(), want, rtol=5e-2, atol=5e-2)
