@@ -83,7 +83,7 @@ step models-sf 300 streamfuse bench --suite models --models resnet50,googlenet,m
   --batch 1 --dtype float32 --modes streamfuse --reps 20 --out "$OUT/models-sf"
 # the walk in memory order reaches every 4-D channels_last store (convnext's permutes, SDPA's
 # transposed operands): the op, fuzz and model tests, and the permuting models through both entries
-step netcheck 150 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_ops.py tests/test_fuzz.py \
+step netcheck 300 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_ops.py tests/test_fuzz.py \
   tests/test_models.py tests/test_gpu.py
 step models-perm 200 streamfuse bench --suite models --models convnext,vit_b,swin --batch 1 --dtype float32 \
   --modes streamfuse,sf-backend --reps 20 --out "$OUT/models-perm"
