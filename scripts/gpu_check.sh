@@ -83,7 +83,7 @@ step models-sf 300 streamfuse bench --suite models --models resnet50,googlenet,m
   --batch 1 --dtype float32 --modes streamfuse --reps 20 --out "$OUT/models-sf"
 # the walk in memory order reaches every 4-D channels_last store (convnext's permutes, SDPA's
 # transposed operands): the op, fuzz and model tests, and the permuting models through both entries
-step netcheck 300 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_ops.py tests/test_fuzz.py \
+step netcheck 300 python3 -m pytest -v -n 8 -W ignore -p no:logging --tb=short tests/test_ops.py tests/test_fuzz.py \
   tests/test_models.py tests/test_gpu.py
 step models-perm 200 streamfuse bench --suite models --models convnext,vit_b,swin --batch 1 --dtype float32 \
   --modes streamfuse,sf-backend --reps 20 --out "$OUT/models-perm"
@@ -150,7 +150,7 @@ for f in models-a models-b models-c models-c2 models-tp models-sf models-perm mo
 for f in training training-vision training-text training-mix training-large; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/netlayout.txt" ] && tail -15 "$OUT/netlayout.txt"
-[ -f "$OUT/netcheck.txt" ] && tail -15 "$OUT/netcheck.txt"
+[ -f "$OUT/netcheck.txt" ] && { grep -E "FAILED|ERROR" "$OUT/netcheck.txt" | head -20; tail -5 "$OUT/netcheck.txt"; }
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
 [ -f "$OUT/backend-host.txt" ] && tail -24 "$OUT/backend-host.txt"
 [ -f "$OUT/compile.txt" ] && grep -E "s =|first compile" "$OUT/compile.txt"
