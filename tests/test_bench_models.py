@@ -14,7 +14,7 @@ from torch import nn
 
 from streamfuse.bench.models import MODELS, model_workloads
 from streamfuse.bench.report import failures, models_table, streamfuse_table
-from streamfuse.bench.runner import ModeResult, WorkloadResult, exact_fp32, rel_error, run_suite
+from streamfuse.bench.runner import ModeResult, WorkloadResult, exact_fp32, geomean_vs, rel_error, run_suite, write_json
 from streamfuse.bench.workloads import Workload, suite
 from streamfuse.cli import main
 
@@ -133,3 +133,22 @@ def test_tables_print_both_ratios_against_reduce_overhead() -> None:
     console.print(streamfuse_table([row], "s"))
     text = console.export_text()
     assert "1.50x" in text and "40 (plan)" in text and "b3: 4.0e-03" in text and "[1, 2] boom" in text
+
+
+def test_geometric_means_against_reduce_overhead_per_batch_kind(tmp_path: Path) -> None:
+    def row(name: str, kind: str, ro: float, sf: float | None, backend: float | None) -> WorkloadResult:
+        modes = {"compile-ro": ModeResult("compile-ro", us=ro), "streamfuse": ModeResult("streamfuse", us=sf),
+                 "sf-backend": ModeResult("sf-backend", us=backend)}
+        return WorkloadResult(name, modes, info={"batch_kind": kind})
+
+    rows = [row("a b1", "batch 1", 200.0, 100.0, 100.0), row("b b1", "batch 1", 100.0, 200.0, None),
+            row("c b32", "throughput", 300.0, 100.0, 150.0)]
+    assert geomean_vs(rows, "streamfuse") == {"batch 1": (pytest.approx(1.0), 2), "throughput": (pytest.approx(3.0), 1)}
+    assert geomean_vs(rows, "sf-backend") == {"batch 1": (pytest.approx(2.0), 1), "throughput": (pytest.approx(2.0), 1)}
+    console = Console(width=250, record=True)
+    console.print(models_table(rows, ["compile-ro", "streamfuse", "sf-backend"], "t"))
+    text = console.export_text()
+    assert "geometric mean, batch 1" in text and "1.00x (2)" in text and "3.00x (1)" in text and "2.00x (1)" in text
+    write_json(rows, tmp_path / "bench.json", torch.device("cpu"))
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["geomeans"]["streamfuse_vs_reduce_overhead"]["throughput"] == {"geomean": pytest.approx(3.0), "workloads": 1}

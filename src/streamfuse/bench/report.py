@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from streamfuse.bench.runner import SF_MODES, ModeResult, WorkloadResult
+from streamfuse.bench.runner import SF_MODES, ModeResult, WorkloadResult, geomean_vs
 
 
 def bench_table(results: list[WorkloadResult], modes: list[str], title: str) -> Table:
@@ -61,6 +61,11 @@ def models_table(results: list[WorkloadResult], modes: list[str], title: str) ->
     for r in results:
         table.add_row(r.workload, *[_time(r.modes.get(m)) for m in modes],
                       _ratio(r.ratio("streamfuse", "compile-ro")), _ratio(r.ratio("sf-backend", "compile-ro")))
+    sf, backend = geomean_vs(results, "streamfuse"), geomean_vs(results, "sf-backend")
+    for kind in sorted(set(sf) | set(backend)):
+        cell = lambda g: "-" if g is None else f"{_ratio(g[0])} ({g[1]})"  # noqa: E731
+        table.add_row(f"geometric mean, {kind}", *[""] * len(modes), cell(sf.get(kind)), cell(backend.get(kind)),
+                      style="bold", end_section=False)
     return table
 
 

@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import gc
 import json
+import math
 import shutil
 import statistics
 import tempfile
@@ -470,6 +471,17 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
     return results
 
 
+def geomean_vs(results: list[WorkloadResult], mode: str, other: str = "compile-ro") -> dict[str, tuple[float, int]]:
+    """Geometric mean of `mode`'s speed-up over `other` per batch kind (info["batch_kind"]: "batch 1",
+    "throughput"; "all" for rows without one), with the number of workloads where both were timed."""
+    by_kind: dict[str, list[float]] = {}
+    for r in results:
+        ratio = r.ratio(mode, other)
+        if ratio is not None and ratio > 0:
+            by_kind.setdefault(str(r.info.get("batch_kind", "all")), []).append(ratio)
+    return {kind: (math.exp(sum(map(math.log, v)) / len(v)), len(v)) for kind, v in by_kind.items()}
+
+
 def write_json(results: list[WorkloadResult], path: Path, device: torch.device,
                settings: dict[str, Any] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -479,6 +491,10 @@ def write_json(results: list[WorkloadResult], path: Path, device: torch.device,
              "streamfuse_vs_reduce_overhead": r.ratio("streamfuse", "compile-ro"),
              "backend_vs_reduce_overhead": r.ratio("sf-backend", "compile-ro"),
              "modes": {m: asdict(v) for m, v in r.modes.items()}} for r in results]
+    geomeans = {f"{mode}_vs_reduce_overhead": {kind: {"geomean": g, "workloads": n}
+                                                for kind, (g, n) in geomean_vs(results, mode).items()}
+                for mode in SF_MODES}
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "card": card,
-           "torch": torch.__version__, **({"settings": settings} if settings else {}), "notes": NOTES, "rows": rows}
+           "torch": torch.__version__, **({"settings": settings} if settings else {}), "notes": NOTES,
+           "geomeans": geomeans, "rows": rows}
     path.write_text(json.dumps(doc, indent=1))
