@@ -15,7 +15,8 @@ from torch import nn
 import streamfuse
 from streamfuse.runtime.steps import ChannelsLastConvStep
 from streamfuse.tune.conv_layout import eligible, measure_layout
-from streamfuse.tune.network_layout import channels_last_strides, measure_network_layout, storable
+from streamfuse.ir.indexing import channels_last_strides
+from streamfuse.tune.network_layout import measure_network_layout, storable
 
 
 class Block(nn.Module):

@@ -24,6 +24,7 @@ from streamfuse.fusion.geometry import pointwise_launch, reduction_launch
 from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import (
+    CHANNELS_LAST_ORDER,
     ZERO,
     Expr,
     Index,
@@ -164,23 +165,12 @@ def store_offset(index: Index, node: Node) -> Expr:
 
 
 def memory_order(node: Node) -> tuple[int, ...] | None:
-    """Dims from outermost to innermost in memory where the kernel stores a 4-D `node` channels_last
-    (store_strides), else None."""
+    """CHANNELS_LAST_ORDER where the kernel stores a 4-D `node` channels_last (store_strides), else None."""
     strides = store_strides(node)
     if strides is None or len(node.shape) != 4:
         return None
-    order = (0, 2, 3, 1)
-    live = [d for d in order if node.shape[d] != 1]
-    return order if all(strides[a] > strides[b] for a, b in itertools.pairwise(live)) else None
-
-
-def iteration_order(group: Group) -> tuple[int, ...] | None:
-    """The order a pointwise kernel walks its domain in (Group.walk: set by the network layout for
-    kernels storing a result channels_last); None for row-major, or where an output has another
-    shape than the domain (its offsets follow the row-major walk)."""
-    if group.walk is None or any(out.shape != tuple(group.shape) for out in group.outputs):
-        return None
-    return group.walk
+    live = [d for d in CHANNELS_LAST_ORDER if node.shape[d] != 1]
+    return CHANNELS_LAST_ORDER if all(strides[a] > strides[b] for a, b in itertools.pairwise(live)) else None
 
 
 def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset: int) -> None:
@@ -191,7 +181,7 @@ def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset:
         em.lines.append(f"mask = offs < {n}")
     else:
         em.full_masks.add("mask")
-    order = iteration_order(group)
+    order = group.walk  # (set by the network layout; every output has the domain's shape)
     if order is None:
         index = em.hoist(delinearize(Expr.var("offs"), group.shape), "i")
     else:  # offs walks memory order: element offs's coordinates, put back in logical dim order
@@ -199,10 +189,8 @@ def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset:
         index = em.hoist(tuple(walked[order.index(d)] for d in range(len(order))), "i")
     for j, out in enumerate(group.outputs):
         v = em.value(out, index)
-        if store_strides(out) is None and order is None:
-            offset = "offs"
-        elif order is not None and out.shape == tuple(group.shape) and memory_order(out) == order:
-            offset = "offs"  # dense, walked in its own memory order
+        if (store_strides(out) is None) if order is None else (memory_order(out) == order):
+            offset = "offs"  # dense, and walked in its own memory order
         else:  # the traced layout: the element's own coordinates in the output's shape
             own = index if out.shape == tuple(group.shape) else delinearize(Expr.var("offs"), out.shape)
             offset = store_offset(own, out).text

@@ -83,8 +83,9 @@ class Group:
     """HORIZONTAL: the packed pointwise groups, in launch-range order."""
     walk: tuple[int, ...] | None = None
     """POINTWISE: the order the kernel walks its domain in, outermost dim first, where that is not
-    row-major: (0, 2, 3, 1) for a kernel the network layout has store a result channels_last
-    (tune/network_layout.py), so its stores stay coalesced."""
+    row-major: ir.indexing.CHANNELS_LAST_ORDER for a kernel the network layout has store a result
+    channels_last (tune/network_layout.py), so its stores stay coalesced. Every output of a
+    POINTWISE group has the domain's shape, so the walk covers each of them."""
 
     @property
     def name(self) -> str:

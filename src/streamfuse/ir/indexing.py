@@ -82,6 +82,16 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+CHANNELS_LAST_ORDER = (0, 2, 3, 1)
+"""The dims of a 4-D NCHW tensor from outermost to innermost in memory, in channels_last."""
+
+
+def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Strides of a dense channels_last tensor of NCHW `shape`."""
+    _, c, h, w = shape
+    return (c * h * w, 1, w * c, c)
+
+
 def linearize(index: Index, shape: Sequence[int]) -> Expr:
     """Row-major linear offset of `index` in a tensor of `shape`."""
     out = ZERO

@@ -27,6 +27,7 @@ import torch
 
 from streamfuse.ir.fold import SnapshotCache, constant_node, drop_unread_constants, fresh_name
 from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.indexing import channels_last_strides, contiguous_strides
 from streamfuse.ir.ops import OpKind
 
 _CONV = "aten.convolution.default"
@@ -92,11 +93,6 @@ def _layout(n: Node) -> str | None:
     return None
 
 
-def _strides(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
-    _, c, h, w = shape
-    return (c * h * w, h * w, w, 1) if layout == "nchw" else (h * w * c, 1, w * c, c)
-
-
 def _merge(graph: Graph, convs: list[Node], cache: SnapshotCache) -> None:
     """One convolution over the stacked filters before the first sibling; each sibling becomes a
     channel slice of it (the node itself is rewritten, so its readers need no change)."""
@@ -118,7 +114,7 @@ def _merge(graph: Graph, convs: list[Node], cache: SnapshotCache) -> None:
     assert layout is not None
     merged = Node(fresh_name(f"{first.name}_merged", names), first.op, first.kind, first.target,
                   args=(x, w_node, b_node, *first.args[3:]), shape=shape, dtype=first.dtype,
-                  strides=_strides(shape, layout))
+                  strides=contiguous_strides(shape) if layout == "nchw" else channels_last_strides(shape))
     new_nodes.append(merged)
     old_weights: list[Node | None] = []
     start = 0

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from streamfuse.codegen.kernel import memory_order
 from streamfuse.fusion.geometry import Resources, estimate
 from streamfuse.fusion.groups import Group, GroupKind
 from streamfuse.fusion.legality import matmul_operands
 from streamfuse.ir.graph import Node
 from streamfuse.ir.ops import OpKind
-from streamfuse.codegen.kernel import memory_order
 from streamfuse.runtime.steps import ChannelsLastConvStep, KernelStep
 from streamfuse.schedule.cost import estimate_us, unfused_us
 

@@ -9,7 +9,7 @@ whole network channels_last).
 
 Here the layout is chosen for the network: every eligible convolution runs channels_last, and the
 generated pointwise kernel feeding a convolution stores its result channels_last (walking its
-domain in that memory order, codegen/kernel.iteration_order), so the next convolution reads it
+domain in that memory order, Group.walk), so the next convolution reads it
 without a conversion. Only results read by nothing but generated pointwise kernels (which take
 strides at launch) and channels_last convolutions are stored so; a model output never is.
 
@@ -29,7 +29,7 @@ import torch
 from streamfuse.config import Config
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import contiguous_strides
+from streamfuse.ir.indexing import CHANNELS_LAST_ORDER, channels_last_strides, contiguous_strides
 from streamfuse.profile.timing import time_graph_us
 from streamfuse.tune.conv_layout import ConvLayoutChoice, measure_layout
 
@@ -56,11 +56,6 @@ class NetworkLayout:
             return f"activation layout: chosen per convolution ({self.reason}{measured})"
         return (f"activation layout: channels_last through the network ({self.reason}{measured}); "
                 f"{len(self.stored)} kernel result(s) stored channels_last for the convolutions after them")
-
-
-def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    n, c, h, w = shape
-    return (c * h * w, 1, w * c, c)
 
 
 def storable(plan: Plan, owner: dict[Node, Group], convs: set[Node]) -> list[Node]:
@@ -145,7 +140,3 @@ def apply(layout: NetworkLayout, owner: dict[Node, Group]) -> None:
     for x in layout.stored:
         x.strides = channels_last_strides(x.shape)
         owner[x].walk = CHANNELS_LAST_ORDER
-
-
-CHANNELS_LAST_ORDER = (0, 2, 3, 1)
-"""Dims of a 4-D NCHW tensor from outermost to innermost in memory, in channels_last."""
