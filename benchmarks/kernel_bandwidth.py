@@ -2,12 +2,14 @@
 (issue 15's guard against pathological kernels: one GoogLeNet kernel ran at 5 GB/s for 496 µs).
 
     python benchmarks/kernel_bandwidth.py [--models googlenet,bert] [--batch 1] [--dtype float32]
-                                          [--floor 0.1] [--min-us 5]
+                                          [--floor 0.1] [--min-us 5] [--top 0] [--set NAME=VALUE]
 
 For each model: streamfuse.compile, then `streamfuse.profile` over a few calls (after all timing,
 since a profiler session slows later multi-stream graphs in the process). A generated kernel that
 takes at least --min-us per call and moves its bytes at less than --floor of the copy bandwidth is
-listed as suspect; the last line counts them. Profile in a process of its own.
+listed as suspect; the last line counts them. --top N also lists the N kernels of any kind (cuDNN,
+cuBLAS, generated) that take the most time per call, and the time per call of each kind of generated
+kernel (its name's prefix: sf_pw, sf_red, ...). Profile in a process of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def main() -> int:
     ap.add_argument("--floor", type=float, default=0.1, help="suspect below this fraction of copy bandwidth")
     ap.add_argument("--min-us", type=float, default=5.0, help="ignore kernels shorter than this (launch-bound)")
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--top", type=int, default=0, help="also list the N kernels taking the most time per call")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a Config field")
     args = ap.parse_args()
 
     import torch
@@ -36,7 +40,7 @@ def main() -> int:
     for w in model_workloads(args.models, args.batch, args.dtype):
         model, inputs = w.make(device)
         with torch.no_grad():
-            compiled = streamfuse.compile(model, inputs)
+            compiled = streamfuse.compile(model, inputs, streamfuse.Config().with_settings(args.set))
             for _ in range(3):
                 compiled(*inputs)
             torch.cuda.synchronize()
@@ -47,6 +51,18 @@ def main() -> int:
         mine = [k for k in prof.report.kernels if k.name.startswith("sf_") and k.bytes]
         total += len(mine)
         print(f"{w.name}: {len(mine)} generated kernels profiled")
+        if args.top:
+            per_call = sorted(prof.report.kernels, key=lambda k: -k.total_us)
+            whole = sum(k.total_us for k in per_call) / args.calls
+            print(f"  kernel time per call {whole:.1f} µs; the {args.top} longest (µs per call, launches per call):")
+            for k in per_call[:args.top]:
+                rate = f", {k.achieved_gbps:.0f} GB/s" if k.achieved_gbps else ""
+                print(f"    {k.total_us / args.calls:8.1f}  x{k.calls / args.calls:g}  {k.name[:90]}{rate}")
+            kinds: dict[str, float] = {}
+            for k in per_call:
+                kind = "_".join(k.name.split("_")[:2]) if k.name.startswith("sf_") else "other"
+                kinds[kind] = kinds.get(kind, 0.0) + k.total_us / args.calls
+            print("  per kind: " + ", ".join(f"{kind} {us:.1f}" for kind, us in sorted(kinds.items())))
         for k in sorted(mine, key=lambda k: k.bandwidth_fraction or 0.0):
             mean = k.total_us / max(k.calls, 1)
             low = (k.bandwidth_fraction or 0.0) < args.floor and mean >= args.min_us

@@ -90,6 +90,11 @@ class Config:
     reduction_elems_per_thread: int = 16
     """Register budget for a persistent reduction's row tile, in elements per thread."""
     reduction_max_warps: int = 16
+    reduction_rows_contiguous: bool = True
+    """A sum, mean, max or min over H and W of a channels_last tensor (a squeeze-and-excitation pool
+    after a convolution kept channels_last) runs as a looped reduction with its threads along the
+    channels, which lie next to each other in memory, and stores its other results channels_last too
+    (Group.rows_contiguous); False keeps one program per channel, each reading with a stride of C."""
     matmul_max_shared_bytes: int = 227 * 1024
     """Shared-memory cap for the matmul template's staged tiles. The template buffers its operand
     tiles in shared memory by design and opts in to the device maximum (as cuBLAS does); the 48 KB

@@ -66,6 +66,32 @@ def reduction_launch(dom: ReductionDomain, config: Config, sm_count: int, split:
     return block_m, block_r, num_warps
 
 
+ROWS_TILE_MIN = 8
+"""Fewest rows per program of the rows-contiguous reduction: one 32-byte sector of float32."""
+
+
+def rows_contiguous_launch(dom: ReductionDomain, config: Config, sm_count: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_R, num_warps) of the looped reduction whose rows are adjacent in memory (a
+    reduction over H and W of a channels_last tensor): threads along the rows, each program a
+    BLOCK_M x BLOCK_R tile per step of a loop over the row. As many rows per program as keeps
+    `grid_min_waves` programs per SM, at most 32 (a 128-byte line of float32) and at least
+    ROWS_TILE_MIN; a tile of about 2048 elements per step."""
+    m, r = dom.rows, dom.row_size
+    block_m = min(32, max(ROWS_TILE_MIN, next_pow2(m)))
+    while block_m > ROWS_TILE_MIN and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
+        block_m //= 2
+    block_r = max(1, min(next_pow2(r), 2048 // block_m))
+    num_warps = 8 if block_m * block_r >= 2048 else 4
+    return block_m, block_r, num_warps
+
+
+def fills_rows_contiguous(dom: ReductionDomain, config: Config, sm_count: int) -> bool:
+    """Enough rows that the rows-contiguous reduction's smallest tile gives every SM
+    `grid_min_waves` programs (with fewer, its long loops leave the GPU idle; the persistent
+    reduction's one program per row keeps more loads in flight)."""
+    return math.ceil(dom.rows / ROWS_TILE_MIN) >= config.grid_min_waves * sm_count
+
+
 SPLITS = (1, 2, 4)
 """Per-thread work divisors the planner tries before it refuses a fusion for occupancy."""
 
@@ -93,8 +119,9 @@ class Resources:
 def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tuple[int, ...],
              domain: ReductionDomain | None, reductions: int, config: Config, sm_count: int,
              matmul_tile: tuple[int, int, int, int, int] | None = None, itemsize: int = 4,
-             split: int = 1) -> Resources:
-    """Estimated resources of a generated kernel (see the module docstring for the model)."""
+             split: int = 1, rows_contiguous: bool = False) -> Resources:
+    """Estimated resources of a generated kernel (see the module docstring for the model);
+    `rows_contiguous`: the looped reduction (Group.rows_contiguous), whose accumulators are live too."""
     args = 16 + 2 * (len(inputs) + len(outputs)) + sum(len(n.shape) for n in inputs)
     if kind is GroupKind.MATMUL:
         assert matmul_tile is not None
@@ -104,10 +131,11 @@ def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tu
         shared = stages * (bm * bk + bk * bn) * itemsize
     elif kind is GroupKind.REDUCTION:
         assert domain is not None
-        block_m, block_r, warps = reduction_launch(domain, config, sm_count, split)
+        block_m, block_r, warps = (rows_contiguous_launch(domain, config, sm_count) if rows_contiguous
+                                   else reduction_launch(domain, config, sm_count, split))
         threads = warps * WARP_SIZE
         per_thread = max(1, block_m * block_r // threads)
-        regs = args + per_thread * (len(inputs) + reductions + 1)
+        regs = args + per_thread * (len(inputs) + reductions * (2 if rows_contiguous else 1) + 1)
         shared = 4 * block_m * warps * reductions  # cross-warp partial results
     else:
         block, warps = pointwise_launch(math.prod(shape), config, split)

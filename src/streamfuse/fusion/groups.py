@@ -86,6 +86,10 @@ class Group:
     row-major: ir.indexing.CHANNELS_LAST_ORDER for a kernel the network layout has store a result
     channels_last (tune/network_layout.py), so its stores stay coalesced. Every output of a
     POINTWISE group has the domain's shape, so the walk covers each of them."""
+    rows_contiguous: bool = False
+    """REDUCTION: the rows lie next to each other in memory (a mean over H and W of a channels_last
+    tensor), so the kernel puts its threads along the rows and loops over each row
+    (fusion/geometry.rows_contiguous_launch; set by tune/network_layout.py)."""
 
     @property
     def name(self) -> str:

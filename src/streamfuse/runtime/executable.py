@@ -22,7 +22,7 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.conv_bias import bias_to_epilogue
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.ir.indexing import is_contiguous_meta
+from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
 from streamfuse.runtime.precompile import precompile
@@ -33,7 +33,7 @@ from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.schedule.plan import StreamSchedule, schedule_steps
 from streamfuse.tune.ceilings import DeviceCeilings, builtin_for, ceilings_for
 from streamfuse.tune.conv_layout import CONV, ConvLayoutChoice, choose_layout, eligible
-from streamfuse.tune.network_layout import NetworkLayout, choose_network_layout
+from streamfuse.tune.network_layout import NetworkLayout, choose_network_layout, rows_contiguous_reductions
 from streamfuse.tune.network_layout import apply as apply_network_layout
 
 DEFAULT_SM_COUNT = 132  # H200; used for planning when no GPU is present
@@ -133,6 +133,10 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         network, conv_layouts = choose_network_layout(plan, owner, convs, conv_layouts, keep_cl, config, device)
         if network.channels_last:
             apply_network_layout(network, owner)
+        if config.reduction_rows_contiguous:  # reductions over H and W of results kept channels_last
+            kept = {g.nodes[0]: channels_last_strides(g.nodes[0].shape) for g in convs
+                    if conv_layouts[g.name].layout == "channels_last" and keep_cl[g.name]}
+            rows_contiguous_reductions(plan, owner, kept, config, sm_count)
     measured = {g.id: us for g in convs if (us := conv_layouts[g.name].measured_us) is not None}
     clock.lap("convolution layouts")
     # 3. Triton source for each generated group (always, so explain() shows it on any machine)

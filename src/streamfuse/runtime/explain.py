@@ -32,7 +32,9 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
         src = compiled.sources[g.id]
         assert g.domain is not None
         head = (f"reduction of {g.domain.rows} rows x {g.domain.row_size} over dims {list(g.domain.dims)} of "
-                f"{list(g.domain.shape)}, grid {src.grid}, {src.num_warps} warps, {src.constexprs}")
+                f"{list(g.domain.shape)}, grid {src.grid}, {src.num_warps} warps, {src.constexprs}"
+                + ("; looped, threads along the rows (adjacent in memory: a channels_last input)"
+                   if g.rows_contiguous else ""))
     elif g.kind is GroupKind.HORIZONTAL:
         src = compiled.sources[g.id]
         shapes = ", ".join(str(list(p.shape)) for p in g.parts)
@@ -93,7 +95,8 @@ def kernel_resources(g: Group, compiled: CompiledGraph) -> Resources:
     kind = GroupKind.POINTWISE if g.kind is GroupKind.HORIZONTAL else g.kind
     shape = max((p.shape for p in parts), key=lambda s: math.prod(s)) if kind is GroupKind.POINTWISE else g.shape
     return estimate(kind, g.inputs, g.outputs, shape, g.domain, reductions, compiled.config,
-                    compiled.base.sm_count, matmul_tile=tile, itemsize=itemsize, split=g.split)
+                    compiled.base.sm_count, matmul_tile=tile, itemsize=itemsize, split=g.split,
+                    rows_contiguous=g.rows_contiguous)
 
 
 def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:

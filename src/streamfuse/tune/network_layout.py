@@ -20,13 +20,15 @@ one-by-one choice by Config.conv_layout_margin; "channels_last" always takes it;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from streamfuse.config import Config
+from streamfuse.codegen.kernel import loopable
+from streamfuse.fusion.geometry import fills_rows_contiguous
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import CHANNELS_LAST_ORDER, channels_last_strides, contiguous_strides
@@ -132,6 +134,37 @@ def measure_network_layout(plan: Plan, convs: list[Group], per_conv: dict[str, C
     wins = network < (1.0 - config.conv_layout_margin) * chosen
     layout = NetworkLayout(wins, "measured", network, chosen, stored if wins else [])
     return layout, (choices if wins else per_conv)
+
+
+def rows_contiguous_reductions(plan: Plan, owner: dict[Node, Group], runtime: Mapping[Node, tuple[int, ...]],
+                               config: Config, sm_count: int) -> list[Group]:
+    """Mark the reductions whose rows lie next to each other in memory (Group.rows_contiguous): every
+    input of the domain's shape has its innermost kept dimension dense, as a channels_last tensor
+    reduced over H and W has (`runtime`: strides that differ from the traced ones at run time, the
+    convolutions' results kept channels_last). Their results of the domain's shape are stored
+    channels_last too, where only generated kernels read them. Returns the marked groups."""
+    marked = []
+    for g in plan.groups:
+        dom = g.domain
+        if g.kind is not GroupKind.REDUCTION or dom is None or not loopable(g):
+            continue
+        if not fills_rows_contiguous(dom, config, sm_count):
+            continue
+        full = [x for x in g.inputs if x.shape == dom.shape]
+        kept = [d for d in range(len(dom.shape)) if d not in dom.dims and dom.shape[d] > 1]
+        if not full or not kept or not all(runtime.get(x, x.strides)[kept[-1]] == 1 for x in full):
+            continue
+        g.rows_contiguous = True
+        marked.append(g)
+        if dom.dims != (2, 3) or not all(tuple(runtime.get(x, x.strides)) == channels_last_strides(x.shape)
+                                         for x in full):
+            continue
+        for out in g.outputs:
+            if (out.shape == dom.shape and out not in plan.graph.output_nodes and out.dtype is not None
+                    and out.dtype.is_floating_point and tuple(out.strides) == contiguous_strides(out.shape)
+                    and all(owner[u].kind in _STRIDED or owner[u].kind is GroupKind.REDUCTION for u in out.users)):
+                out.strides = channels_last_strides(out.shape)
+    return marked
 
 
 def apply(layout: NetworkLayout, owner: dict[Node, Group]) -> None:
