@@ -231,16 +231,8 @@ def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, targ
     em.lines += [f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]", "cols = tl.arange(0, BLOCK_R)[None, :]"]
     full_rows, full_cols = m % block_m == 0, r == block_r
     em.lines += [] if full_rows else [f"rmask = rows < {m}"]
-    em.lines += [] if full_cols else [f"cmask = cols < {r}"]
-    if not (full_rows or full_cols):
-        em.lines.append("mask = rmask & cmask")
-    elif not full_rows:
-        em.lines.append("mask = rmask")
-    elif not full_cols:
-        em.lines.append("mask = cmask")
-    em.full_masks |= ({"rmask"} if full_rows else set()) | ({"cmask"} if full_cols else set())
-    if full_rows and full_cols:
-        em.full_masks.add("mask")
+    em.lines += _column_masks(full_rows, full_cols, r)
+    _static_masks(em, full_rows, full_cols)
     outer = list(em.hoist(delinearize(Expr.var("rows"), dom.outer_shape), "xo"))
     inner = list(em.hoist(delinearize(Expr.var("cols"), dom.reduce_shape), "xr"))
     full = tuple(inner.pop(0) if d in dom.dims else outer.pop(0) for d in range(len(dom.shape)))
@@ -258,6 +250,26 @@ def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, targ
     return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
                      grid=(math.ceil(m / block_m),), num_warps=num_warps,
                      constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
+
+
+def _column_masks(full_rows: bool, full_cols: bool, r: int) -> list[str]:
+    """The lines binding the column mask and the tile mask of a reduction (after `rows`, `rmask` and
+    `cols`); an extent the block divides needs no mask."""
+    lines = [] if full_cols else [f"cmask = cols < {r}"]
+    if not (full_rows or full_cols):
+        lines.append("mask = rmask & cmask")
+    elif not full_rows:
+        lines.append("mask = rmask")
+    elif not full_cols:
+        lines.append("mask = cmask")
+    return lines
+
+
+def _static_masks(em: Emitter, full_rows: bool, full_cols: bool) -> None:
+    """Record the masks that are statically all-true, so loads and stores go unmasked."""
+    em.full_masks |= ({"rmask"} if full_rows else set()) | ({"cmask"} if full_cols else set())
+    if full_rows and full_cols:
+        em.full_masks.add("mask")
 
 
 _LOOPED = {"sum": "0.0", "mean": "0.0", "amax": 'float("-inf")', "amin": 'float("inf")'}
@@ -296,9 +308,7 @@ def _generate_looped_reduction(group: Group, dom: ReductionDomain, config: Confi
     em.lines.append(f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
     full_rows, full_cols = m % block_m == 0, r % block_r == 0
     em.lines += [] if full_rows else [f"rmask = rows < {m}"]
-    em.full_masks |= ({"rmask"} if full_rows else set()) | ({"cmask"} if full_cols else set())
-    if full_rows and full_cols:
-        em.full_masks.add("mask")
+    _static_masks(em, full_rows, full_cols)
     outer = list(em.hoist(delinearize(Expr.var("rows"), dom.outer_shape), "xo"))
     reductions = [n for n in group.nodes if n.kind is OpKind.REDUCTION]
     accs = [f"acc{k}" for k in range(len(reductions))]
@@ -309,14 +319,7 @@ def _generate_looped_reduction(group: Group, dom: ReductionDomain, config: Confi
     em.lines.append(f"for r0 in range(0, {r}, BLOCK_R):")
     start = len(em.lines)
     em.lines.append("cols = r0 + tl.arange(0, BLOCK_R)[None, :]")
-    if not full_cols:
-        em.lines.append(f"cmask = cols < {r}")
-    if not (full_rows or full_cols):
-        em.lines.append("mask = rmask & cmask")
-    elif not full_rows:
-        em.lines.append("mask = rmask")
-    elif not full_cols:
-        em.lines.append("mask = cmask")
+    em.lines += _column_masks(full_rows, full_cols, r)
     inner = list(em.hoist(delinearize(Expr.var("cols"), dom.reduce_shape), "xr"))
     full = tuple(inner.pop(0) if d in dom.dims else outer.pop(0) for d in range(len(dom.shape)))
     em.full_index, em.domain = full, dom
