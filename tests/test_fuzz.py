@@ -171,7 +171,7 @@ def check_gradients(program: Program, config: Config, inputs: list[torch.Tensor]
         # exact arithmetic multiplies the backward's rounding by rsqrt(eps) ~ 316, in eager as
         # much as here; streamfuse passes if it is no further from float64 than twice eager float32
         exact = [g for g in grads_in(program, leaves, torch.float64) if g is not None]
-        if not within_eager_error([g for g in got if g is not None], want, exact):
+        if not within_eager_error([g for g in got if g is not None], want, exact, rounding_spread(program, leaves)):
             raise
 
 
@@ -188,12 +188,38 @@ def grads_in(program: Program, leaves: list[torch.Tensor], dtype: torch.dtype) -
     return [None if g is None else g.detach() for g in got]
 
 
-def within_eager_error(got: list[torch.Tensor], want: list[torch.Tensor], exact: list[torch.Tensor]) -> bool:
-    """Each of `got` is at most twice as far from `exact` (float64) as eager float32's `want` is, plus
+def rounding_spread(program: Program, leaves: list[torch.Tensor], draws: int = 4) -> list[float]:
+    """How far eager float32's input gradients move when the float32 inputs move by one unit in the
+    last place (random signs, `draws` times): what rounding alone does to them. A gradient that is
+    zero in exact arithmetic, a sum of terms of ~300 that cancel (a layer norm over equal values:
+    rsqrt(eps)), comes out 0.0 in eager on the GPU by the luck of its order and 1.8e-4 in ours
+    (run 85); perturbed by an ulp, eager's own moves by as much."""
+    base = [g for g in grads_in(program, leaves, torch.float32) if g is not None]
+    gen = torch.Generator().manual_seed(program.seed)
+    spread = [0.0] * len(base)
+    for _ in range(draws):
+        moved = []
+        for t in leaves:
+            if t.dtype == torch.float32:
+                sign = torch.randint(-1, 2, t.shape, generator=gen).to(t.device, torch.float32)
+                t = (t.detach() * (1 + sign * 2 ** -23)).requires_grad_(t.requires_grad)
+            moved.append(t)
+        again = [g for g in grads_in(program, moved, torch.float32) if g is not None]
+        for i, (a, b) in enumerate(zip(again, base, strict=True)):
+            finite = a.isfinite() & b.isfinite()
+            if finite.any():
+                spread[i] = max(spread[i], float((a.double() - b.double())[finite].abs().max()))
+    return spread
+
+
+def within_eager_error(got: list[torch.Tensor], want: list[torch.Tensor], exact: list[torch.Tensor],
+                       spread: list[float] | None = None) -> bool:
+    """Each of `got` is at most twice as far from `exact` (float64) as eager float32's `want` is (or as
+    eager's own gradients move under one-ulp changes of the inputs, `spread`: rounding_spread), plus
     float32's rounding of the values themselves."""
-    if len(got) != len(want) or len(want) != len(exact):
+    if len(got) != len(want) or len(want) != len(exact) or (spread is not None and len(spread) != len(want)):
         return False
-    for g, w, e in zip(got, want, exact, strict=True):
+    for k, (g, w, e) in enumerate(zip(got, want, exact, strict=True)):
         g64, w64 = g.double().cpu(), w.double().cpu()
         e64 = e.double().cpu()
         finite = e64.isfinite() & w64.isfinite()
@@ -202,7 +228,7 @@ def within_eager_error(got: list[torch.Tensor], want: list[torch.Tensor], exact:
         ours = float((g64 - e64)[finite].abs().max()) if finite.any() else 0.0
         eager = float((w64 - e64)[finite].abs().max()) if finite.any() else 0.0
         rounding = 2 ** -23 * (float(e64[finite].abs().max()) if finite.any() else 0.0)
-        if ours > 2 * eager + 4 * rounding:
+        if ours > 2 * max(eager, spread[k] if spread is not None else 0.0) + 4 * rounding:
             return False
     return True
 
@@ -347,6 +373,26 @@ def test_layer_norm_over_equal_values_is_judged_against_float64(config: Config, 
         scales=[(1.9835985898971558, 0.0), (1.3710129261016846, 3.0901841819286346)],
         config={"matmul_strategy": "triton"})
     check_program(program, config, device)
+
+
+def test_the_rounding_spread_is_large_only_where_rounding_is_amplified() -> None:
+    """rounding_spread, the arbiter's allowance for a gradient that is zero in exact arithmetic: large
+    for the layer norm over equal values (run 85's GPU failure: 1.8e-4 against eager's 0.0), at
+    float32's rounding for a well-conditioned program."""
+    ln = Program(
+        inputs=[InputSpec("x0", (3,), torch.float32, "contiguous"), InputSpec("x1", (), torch.float32, "contiguous"),
+                InputSpec("x2", (2,), torch.float32, "contiguous")],
+        lines=["v1 = torch.softmax(x0, 0)", "v2 = v1.expand(2, 3)", "v3 = v2.permute(1, 0)", "v5 = (v3 + x1)",
+               "v6 = F.layer_norm(v5, [2], x2)"],
+        outputs=["v6"], seed=15111, config={})
+    plain = Program(inputs=[InputSpec("x0", (3, 4), torch.float32, "contiguous")],
+                    lines=["v0 = (x0 * 2.0).exp()"], outputs=["v0"], seed=1, config={})
+    for program, low, high in ((ln, 1e-5, float("inf")), (plain, 0.0, 1e-5)):
+        leaves = [t.requires_grad_(True) for t in program.make_inputs("cpu")]
+        grads = [g for g in grads_in(program, leaves, torch.float32) if g is not None]
+        spread = rounding_spread(program, leaves)
+        worst = max(spread[k] / max(float(g.abs().max()), 1e-30) for k, g in enumerate(grads))
+        assert low < worst < high, (program.lines, spread)
 
 
 def test_the_float64_arbiter_still_fails_a_wrong_gradient() -> None:

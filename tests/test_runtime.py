@@ -340,3 +340,31 @@ def test_host_scalars_beside_device_tensors() -> None:
     assert scalars_to_device([torch.tensor(7), rows, x], [0], torch.device("meta"), cache)[0] is moved[0]
     assert scalars_to_device([torch.tensor(8), rows, x], [0], torch.device("meta"), cache)[0] is not moved[0]
     assert scalars_to_device([x], [0], torch.device("meta"), cache) == [x]
+
+
+def test_a_zero_dim_first_input_replays_at_the_compiled_batch(config, device, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Run 85 (H200): a graph whose first input is 0-d (no batch dimension) raised "batch -1 must be
+    at least 1" on the CUDA-graph path, through both entry points (two fuzz families). The replay is
+    stood in for by a runner that runs the plan, so the path runs on any device."""
+    def fn(s: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        v = torch.where(s >= x, x, s)
+        return v.cumsum(0), v
+
+    s, x = torch.randn((), device=device), torch.randn(2, 2, 1, 8, device=device)
+    compiled = streamfuse.compile(fn, (s, x), config)
+    assert compiled.batch_reason is not None  # no batch dimension to vary
+    monkeypatch.setattr(compiled, "use_graphs", True)
+    monkeypatch.setattr("streamfuse.runtime.compiled._capturing", lambda: False)
+    recorded: list[int] = []
+
+    def record(padded: int, inputs):  # type: ignore[no-untyped-def]
+        recorded.append(padded)
+        runner = compiled._runners[padded] = lambda args, batch: compiled.base.run(list(args))
+        return runner
+
+    monkeypatch.setattr(compiled, "_record", record)
+    for _ in range(2):
+        s2, x2 = torch.randn((), device=device), torch.randn(2, 2, 1, 8, device=device)
+        for got, want in zip(compiled(s2, x2), fn(s2, x2), strict=True):
+            torch.testing.assert_close(got, want)
+    assert recorded == [compiled.base_batch]  # recorded once, replayed after

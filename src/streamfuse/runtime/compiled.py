@@ -262,12 +262,14 @@ class CompiledGraph:
         if not inputs:
             return 0
         first = inputs[0]
-        batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() > 0 else -1
+        # a 0-d first input has no batch dimension: the batch is fixed (batch_rows gives a reason), and
+        # the call runs the compiled one (run 85 on the GPU: -1 here sent the replay to a bucket "-1")
+        batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() > 0 else self.base_batch
         flexible = self.batch_reason is None
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
             ok = isinstance(t, torch.Tensor) and t.dtype == node.dtype and t.device == self.device
             if ok and flexible:
-                ok = t.shape[0] == batch and t.shape[1:] == node.shape[1:]
+                ok = t.dim() > 0 and t.shape[0] == batch and t.shape[1:] == node.shape[1:]
             elif ok:
                 ok = t.shape == node.shape
             if not ok:
