@@ -36,6 +36,13 @@ class Config:
     epilogue reading live parameters. streamfuse.compile keeps the snapshot (later in-place weight
     changes need a new compile); torch.compile(backend="streamfuse") watches its sources' version
     counters and binds the graph again unfolded at the first call that finds one changed."""
+    fold_constants: bool = True
+    """Evaluate once, at compile time, the ops that depend on no input, parameter or buffer (a shifted-
+    window attention mask built from zeros and literals, a roll's arange/fmod index), and keep their
+    results as constants (ir/constant_fold.py; swin_t at batch 1: 481 launches per call without)."""
+    fold_constants_max_bytes: int = 16 * 1024 * 1024
+    """Largest result fold_constants keeps (larger ones run on every call: a materialized broadcast
+    would hold memory for good)."""
     conv_bias_epilogue: bool = True
     """A convolution's bias is added by the pointwise kernel after it instead of by ATen, which adds
     it in a kernel of its own after cuDNN's (ir/conv_bias.py): where every reader is pointwise."""
@@ -244,6 +251,7 @@ class Config:
             "max_kernel_args": self.max_kernel_args,
             "max_ops_per_kernel": self.max_ops_per_kernel,
             "max_persistent_reduction": self.max_persistent_reduction,
+            "fold_constants_max_bytes": self.fold_constants_max_bytes,
             "max_recomputed_evaluations": self.max_recomputed_evaluations,
             "horizontal_max_elements": self.horizontal_max_elements,
             "max_horizontal_parts": self.max_horizontal_parts,

@@ -20,6 +20,7 @@ from streamfuse.config import Config
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
+from streamfuse.ir.constant_fold import fold_constants
 from streamfuse.ir.conv_bias import bias_to_epilogue
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
@@ -100,6 +101,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
                 if device.type == "cuda" else DEFAULT_SM_COUNT)
     target = "cuda" if device.type == "cuda" else "interpret"
     on_gpu = device.type == "cuda" and executor == "triton"
+    if config.fold_constants:  # what depends on no input, parameter or buffer: computed once, here
+        fold_constants(graph, config.fold_constants_max_bytes)
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
     if device.type == "cuda":
         move_cpu_scalars(graph, device)

@@ -1,0 +1,145 @@
+"""Ops that depend on no input, parameter or buffer are evaluated once at compile time
+(ir/constant_fold.py): a shifted-window mask built from zeros and literals, a roll's index. The
+answers stay eager's; parameters stay live; what a caller gets back is never a shared constant."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import streamfuse
+from streamfuse.capture import backend as backend_module
+
+
+class ShiftedWindow(nn.Module):
+    """swin's pattern in small: a mask built each call from zeros and slice assignments of Python
+    numbers, a cyclic shift (torch.roll), masked attention scores, a projection."""
+
+    def __init__(self, size: int = 6, window: int = 3, shift: int = 1, dim: int = 5) -> None:
+        super().__init__()
+        self.size, self.window, self.shift = size, window, shift
+        self.proj = nn.Linear(dim, dim)
+
+    def mask(self, device: torch.device) -> torch.Tensor:
+        s, w, sh = self.size, self.window, self.shift
+        img = torch.zeros((s, s), device=device)
+        count = 0
+        for h in ((0, -w), (-w, -sh), (-sh, None)):
+            for v in ((0, -w), (-w, -sh), (-sh, None)):
+                img[h[0]:h[1], v[0]:v[1]] = count
+                count += 1
+        windows = img.view(s // w, w, s // w, w).permute(0, 2, 1, 3).reshape(-1, w * w)
+        diff = windows.unsqueeze(1) - windows.unsqueeze(2)
+        return diff.masked_fill(diff != 0, -100.0).masked_fill(diff == 0, 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, size, size, dim]
+        b, s, _, d = x.shape
+        w = self.window
+        x = torch.roll(x, shifts=(-self.shift, -self.shift), dims=(1, 2))
+        win = x.view(b, s // w, w, s // w, w, d).permute(0, 1, 3, 2, 4, 5).reshape(b, -1, w * w, d)
+        scores = win @ win.transpose(-1, -2) + self.mask(x.device)
+        out = F.softmax(scores, dim=-1) @ win
+        return self.proj(out)
+
+
+def _model(device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    return ShiftedWindow().to(device).eval()
+
+
+def _folded_notes(compiled) -> list[str]:  # type: ignore[no-untyped-def]
+    return [n for n in compiled.base.graph.notes if "evaluated once at compile time" in n]
+
+
+def test_the_mask_and_the_roll_index_are_computed_once(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = _model(device)
+    x = torch.randn(2, 6, 6, 5, device=device)
+    with torch.no_grad():
+        want = model(x)
+        folded = streamfuse.compile(model, (x,), config)
+        plain = streamfuse.compile(model, (x,), config.replace(fold_constants=False))
+        torch.testing.assert_close(folded(x), want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(plain(x), want, rtol=1e-4, atol=1e-5)
+        x2 = torch.randn(3, 6, 6, 5, device=device)  # another batch: its own capture, folded too
+        torch.testing.assert_close(folded(x2), model(x2), rtol=1e-4, atol=1e-5)
+    assert _folded_notes(folded) and not _folded_notes(plain)
+    ops = [n.op for n in folded.base.graph.nodes]
+    assert not any(op in ops for op in ("aten.slice_scatter.default", "aten.arange.start_step",
+                                        "aten.lift_fresh_copy.default", "aten.fmod.Scalar"))
+    assert "aten.slice_scatter.default" in [n.op for n in plain.base.graph.nodes]
+    assert folded.stats["kernels"] < plain.stats["kernels"]
+    assert "evaluated once at compile time" in folded.explain()
+
+
+def test_parameters_stay_live(config, device) -> None:  # type: ignore[no-untyped-def]
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor([0.5, -1.0, 2.0]))
+            self.register_buffer("offset", torch.arange(3, dtype=torch.float32))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.scale.exp() + (self.offset * 2 + torch.arange(3, device=x.device))
+
+    model = Scaled().to(device).eval()
+    x = torch.randn(4, 3, device=device)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(compiled(x), model(x))
+        model.scale.add_(0.25)  # changed in place after the compile: read live, as without folding
+        model.offset.mul_(3.0)
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_returned_constant_is_computed_afresh(config, device) -> None:  # type: ignore[no-untyped-def]
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids = torch.arange(6, device=x.device) * 2
+        return x + ids.view(2, 3).float(), ids, ids.view(3, 2)
+
+    x = torch.randn(2, 3, device=device)
+    compiled = streamfuse.compile(fn, (x,), config)
+    first = compiled(x)
+    first[1].fill_(-7)  # the caller owns what it gets
+    first[2].zero_()
+    for got, want in zip(compiled(x), fn(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_the_size_limit_leaves_large_results_to_run(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = _model(device)
+    x = torch.randn(2, 6, 6, 5, device=device)
+    with torch.no_grad():
+        small = streamfuse.compile(model, (x,), config.replace(fold_constants_max_bytes=16))
+        torch.testing.assert_close(small(x), model(x), rtol=1e-4, atol=1e-5)
+    ops = [n.op for n in small.base.graph.nodes]
+    assert "aten.slice_scatter.default" in ops  # the 6x6 mask (144 bytes) is over the limit
+
+
+def test_both_entry_points_and_training(config, device) -> None:  # type: ignore[no-untyped-def]
+    model = _model(device)
+    x = torch.randn(2, 6, 6, 5, device=device)
+    kept: list = []  # type: ignore[type-arg]
+    register = backend_module.compiled_graphs.append
+    backend_module.compiled_graphs.append = lambda g: (kept.append(g), register(g))  # type: ignore[method-assign]
+    try:
+        opt = torch.compile(model, backend=streamfuse.make_backend(config), dynamic=False)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-5)
+        model.train()
+        torch._dynamo.reset()
+        opt = torch.compile(model, backend=streamfuse.make_backend(config), dynamic=False)
+        xs = x.clone().requires_grad_(True)
+        opt(xs).square().sum().backward()
+        got = [xs.grad] + [p.grad for p in model.parameters()]
+        model.zero_grad()
+        xe = x.clone().requires_grad_(True)
+        model(xe).square().sum().backward()
+        for g, e in zip(got, [xe.grad] + [p.grad for p in model.parameters()], strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+    finally:
+        backend_module.compiled_graphs.append = register  # type: ignore[method-assign]
+        torch._dynamo.reset()
+    notes = [n for g in kept for n in getattr(getattr(g, "compiled", None) or g, "explain", lambda: "")().splitlines()
+             if "evaluated once at compile time" in n]
+    assert notes, "the backend's graphs folded nothing"
