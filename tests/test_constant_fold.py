@@ -66,10 +66,25 @@ def test_the_mask_and_the_roll_index_are_computed_once(config, device) -> None: 
     assert _folded_notes(folded) and not _folded_notes(plain)
     ops = [n.op for n in folded.base.graph.nodes]
     assert not any(op in ops for op in ("aten.slice_scatter.default", "aten.arange.start_step",
-                                        "aten.lift_fresh_copy.default", "aten.fmod.Scalar"))
+                                        "aten.lift_fresh_copy.default", "aten.fmod.Scalar",
+                                        "aten.index_select.default"))  # the roll: a cat of two slices
+    assert ops.count("aten.cat.default") >= 2
     assert "aten.slice_scatter.default" in [n.op for n in plain.base.graph.nodes]
     assert folded.stats["kernels"] < plain.stats["kernels"]
-    assert "evaluated once at compile time" in folded.explain()
+    explained = folded.explain()
+    assert "evaluated once at compile time" in explained and "read as a cat of two slices" in explained
+
+
+def test_a_roll_by_any_shift_and_a_zero_pad(config, device) -> None:  # type: ignore[no-untyped-def]
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = F.pad(torch.roll(x, shifts=(2, -3), dims=(1, 3)), (0, 0, 0, 0)) * 2.0
+        return torch.roll(y, shifts=1, dims=0) + torch.roll(x, shifts=5, dims=2)  # 5 of 5: no shift
+
+    x = torch.randn(3, 5, 5, 7, device=device)
+    compiled = streamfuse.compile(fn, (x,), config)
+    torch.testing.assert_close(compiled(x), fn(x))
+    ops = [n.op for n in compiled.base.graph.nodes]
+    assert "aten.index_select.default" not in ops and "aten.constant_pad_nd.default" not in ops
 
 
 def test_parameters_stay_live(config, device) -> None:  # type: ignore[no-untyped-def]

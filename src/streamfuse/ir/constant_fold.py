@@ -6,11 +6,11 @@ window attention mask built with `zeros` and slice assignments of Python numbers
 `torch.roll` (`arange`, `add`, `fmod`), position ids. Each is a kernel launch of its own, or part of
 one, on every call, for a result that never changes.
 
-A node folds when every operand is such a value: a constant the trace made (a lifted literal, a
-`get_attr` tensor: Graph.snapshots), a snapshot streamfuse computed (folded batch-norm weights), or
+A node folds when every operand is such a value: a number the trace lifted into a 0-d tensor, or
 another folded node, including ops with no tensor operand at all (`arange`, `full`). Parameters and
-buffers of the module do not seed it: streamfuse.compile reads them live, and a user may change
-them in place between calls, so what is computed from them stays in the plan. Nor does anything an
+buffers do not seed it (nor larger constants the trace made: export lifts a function's closure-
+captured parameters that way): streamfuse.compile reads them live, and a user may change them in
+place between calls, so what is computed from them stays in the plan. Nor does anything an
 in-place update of the graph writes (a buffer the graph itself updates), a random op, or an op that
 mutates. A result larger than Config.fold_constants_max_bytes is left to run (a materialized
 broadcast would cost memory for good).
@@ -28,6 +28,7 @@ import torch
 
 from streamfuse.ir.fold import constant_node, drop_unread_constants, replace_uses
 from streamfuse.ir.graph import Graph, Node, map_args
+from streamfuse.ir.lowerings import Builder
 from streamfuse.ir.ops import OpKind
 
 _ALIASES = frozenset({OpKind.VIEW, OpKind.BROADCAST})
@@ -36,8 +37,7 @@ _ALIASES = frozenset({OpKind.VIEW, OpKind.BROADCAST})
 def fold_constants(graph: Graph, max_bytes: int) -> int:
     """Fold in place (module docstring); returns how many ops were evaluated and removed."""
     written = {id(dst) for _, dst in graph.writebacks}
-    values: dict[Node, object] = {n: t for n, t in graph.constants.items()
-                                  if n in graph.snapshots and id(n) not in written}
+    values: dict[Node, object] = {n: t for n, t in graph.constants.items() if _literal(graph, n, t, written)}
     returned = _returned(graph)
     folded: list[Node] = []
     for n in graph.nodes:
@@ -86,7 +86,80 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
     if removed:
         graph.notes.append(f"{removed} op(s) that depend on no input, parameter or buffer evaluated once at compile "
                            f"time ({len(kept)} result(s) kept as constants)")
+    rolls = rolls_as_slices(graph)
+    if rolls:
+        graph.notes.append(f"{rolls} index_select(s) with a constant cyclic index (torch.roll) read as a cat of two "
+                           "slices, which fuses with the kernels around it")
     return removed
+
+
+def rolls_as_slices(graph: Graph) -> int:
+    """index_select(x, dim, c) where the constant c is (arange(n) + a) % n over x's n positions (what
+    torch.roll traces to, once the index is folded) -> cat([x[a:], x[:a]], dim): two views and a
+    cat, generated and fused with their neighbours, instead of a gather kernel of ATen's (a = 0: a
+    clone)."""
+    names = {n.name for n in graph.nodes}
+    build = Builder(fresh=lambda name: _fresh(name, names), nodes=[])
+    rewritten = 0
+    for n in list(graph.nodes):
+        if n.op != "aten.index_select.default" or len(n.args) != 3 or n.kwargs:
+            continue
+        x, dim, index = n.args
+        if not (isinstance(x, Node) and isinstance(index, Node) and isinstance(dim, int) and index in graph.constants):
+            continue
+        dim = dim + len(x.shape) if dim < 0 else dim
+        size = x.shape[dim] if 0 <= dim < len(x.shape) else -1
+        shift = _cyclic_shift(graph.constants[index], size)
+        if shift is None or n.shape != x.shape:
+            continue
+        build.nodes = []
+        if shift == 0:  # the identity: a copy, fused
+            build.add(f"{n.name}_same", torch.ops.aten.clone.default, (x,), shape=n.shape, dtype=n.dtype,
+                      strides=n.strides)
+            replace_uses(graph, n, build.nodes[-1])
+            at = graph.nodes.index(n)
+            graph.nodes[at:at + 1] = build.nodes
+            rewritten += 1
+            continue
+        tail = build.add(f"{n.name}_tail", torch.ops.aten.slice.Tensor, (x, dim, shift, size),
+                         shape=x.shape[:dim] + (size - shift,) + x.shape[dim + 1:], dtype=x.dtype,
+                         strides=x.strides)
+        head = build.add(f"{n.name}_head", torch.ops.aten.slice.Tensor, (x, dim, 0, shift),
+                         shape=x.shape[:dim] + (shift,) + x.shape[dim + 1:], dtype=x.dtype, strides=x.strides)
+        cat = build.add(f"{n.name}_roll", torch.ops.aten.cat.default, ([tail, head], dim), shape=n.shape,
+                        dtype=n.dtype, strides=n.strides)
+        replace_uses(graph, n, cat)
+        at = graph.nodes.index(n)
+        graph.nodes[at:at + 1] = build.nodes
+        rewritten += 1
+    if rewritten:
+        graph.link_users()
+        present = set(graph.nodes)
+        unread = [c for c in graph.constants if c in present and not c.users and c in graph.snapshots]
+        drop_unread_constants(graph, unread)
+        for c in [c for c in graph.constants if c not in set(graph.nodes)]:
+            del graph.constants[c]
+            graph.snapshots.discard(c)
+    return rewritten
+
+
+def _cyclic_shift(index: torch.Tensor, size: int) -> int | None:
+    """a, where `index` is (arange(size) + a) % size with 0 <= a < size; None otherwise."""
+    if size < 1 or index.dim() != 1 or index.numel() != size or index.dtype not in (torch.int64, torch.int32):
+        return None
+    idx = index.detach().cpu().long()
+    a = int(idx[0])
+    if not 0 <= a < size:
+        return None
+    return a if torch.equal(idx, (torch.arange(size) + a) % size) else None
+
+
+def _literal(graph: Graph, n: Node, t: torch.Tensor, written: set[int]) -> bool:
+    """A number the trace lifted into a 0-d tensor (`img[a:b] = count`). Larger constants the trace
+    made may be a function's closure-captured parameters and buffers (export lifts them as
+    constants too), which stay live like the module's own."""
+    return (n in graph.snapshots and id(n) not in written and t.dim() == 0
+            and not isinstance(t, torch.nn.Parameter))
 
 
 def _returned(graph: Graph) -> set[Node]:

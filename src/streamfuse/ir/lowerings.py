@@ -5,6 +5,7 @@ capture (they go through prims or mutating ops), rewritten into ops the planner 
 - inference batch-norm -> (x - mean) * rsqrt(var + eps) * weight + bias, per channel
 - training dropout -> philox_rand >= p selects x / (1 - p) (ir/rng.py), so it fuses
 - max_pool2d_with_indices with its indices unread -> streamfuse.max_pool2d (a WINDOW op, generated)
+- constant_pad_nd padding by nothing -> clone (fused)
 """
 
 from __future__ import annotations
@@ -177,6 +178,18 @@ def _lower_max_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: A
     return (out, _Unused("max-pool indices"))
 
 
+def _lower_zero_pad(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """constant_pad_nd with every pad 0 (swin_t at 224x224 pads each window block by nothing: 15 copy
+    launches per call) -> a clone, which fuses into its producer's or its readers' kernel."""
+    x, pad = args[0], args[1] if len(args) > 1 else kwargs.get("pad")
+    if not isinstance(x, Node) or not isinstance(pad, (list, tuple)) or any(p != 0 for p in pad):
+        return None
+    if tuple(val.shape) != x.shape or val.dtype != x.dtype:
+        return None
+    return b.add("pad_clone", aten.clone.default, (x,), shape=tuple(val.shape), dtype=val.dtype,
+                 strides=tuple(val.stride()))
+
+
 LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     # a lowering returns None to leave the op as recorded
     aten.max_pool2d_with_indices.default: _lower_max_pool2d,
@@ -188,4 +201,5 @@ LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     aten.native_batch_norm.default: _lower_inference_batch_norm,
     aten.bernoulli.p: _lower_bernoulli,
     aten.native_dropout.default: _lower_dropout,
+    aten.constant_pad_nd.default: _lower_zero_pad,
 }
