@@ -158,3 +158,19 @@ def test_both_entry_points_and_training(config, device) -> None:  # type: ignore
     notes = [n for g in kept for n in getattr(getattr(g, "compiled", None) or g, "explain", lambda: "")().splitlines()
              if "evaluated once at compile time" in n]
     assert notes, "the backend's graphs folded nothing"
+
+
+def test_a_full_read_by_a_kernel_stays_in_the_kernel(config, device) -> None:  # type: ignore[no-untyped-def]
+    """torch.full (and pointwise ops on it) costs nothing computed where it is read; folded, it would
+    be loaded from memory on every call instead."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        bias = torch.full((4, 5), 2.0, device=x.device) * 3.0
+        return x + bias + torch.arange(5, device=x.device)
+
+    x = torch.randn(4, 5, device=device)
+    compiled = streamfuse.compile(fn, (x,), config)
+    torch.testing.assert_close(compiled(x), fn(x))
+    ops = [n.op for n in compiled.base.graph.nodes]
+    assert "aten.full.default" in ops and "aten.arange.start_step" not in ops
+    folded = [n for n in compiled.base.graph.constants if n.name.endswith("_const")]
+    assert [n.shape for n in folded] == [(5,)]  # the arange's result only

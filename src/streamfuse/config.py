@@ -43,6 +43,9 @@ class Config:
     fold_constants_max_bytes: int = 16 * 1024 * 1024
     """Largest result fold_constants keeps (larger ones run on every call: a materialized broadcast
     would hold memory for good)."""
+    linear_bias_addmm: bool = True
+    """A Linear layer traced as mm + bias add (torch.export over a 3-D/4-D activation) becomes addmm,
+    as AOTAutograd traces it: cuBLAS adds the bias in its GEMM epilogue (ir/mm_bias.py)."""
     conv_bias_epilogue: bool = True
     """A convolution's bias is added by the pointwise kernel after it instead of by ATen, which adds
     it in a kernel of its own after cuDNN's (ir/conv_bias.py): where every reader is pointwise."""

@@ -26,12 +26,13 @@ import operator
 
 import torch
 
-from streamfuse.ir.fold import constant_node, drop_unread_constants, replace_uses
+from streamfuse.ir.fold import constant_node, drop_unread_constants, fresh_name, replace_uses
 from streamfuse.ir.graph import Graph, Node, map_args
 from streamfuse.ir.lowerings import Builder
 from streamfuse.ir.ops import OpKind
 
 _ALIASES = frozenset({OpKind.VIEW, OpKind.BROADCAST})
+_CHEAP = frozenset({OpKind.POINTWISE, OpKind.VIEW, OpKind.BROADCAST})
 
 
 def fold_constants(graph: Graph, max_bytes: int) -> int:
@@ -40,6 +41,7 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
     values: dict[Node, object] = {n: t for n, t in graph.constants.items() if _literal(graph, n, t, written)}
     returned = _returned(graph)
     folded: list[Node] = []
+    cheap: set[Node] = set()  # generated in-kernel from nothing (a `full`, pointwise ops on it): not stored
     for n in graph.nodes:
         if n.kind is OpKind.INPUT or n in values or n in returned or not _evaluable(n):
             continue
@@ -56,7 +58,10 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
         if n.dtype is not None and not _matches(value, n):
             continue
         values[n] = value
-        folded.append(n)
+        if n.kind in _CHEAP and all(a in cheap for a in n.input_nodes()):
+            cheap.add(n)  # a kernel computes it for free where it is read; as a constant it would be loaded
+        else:
+            folded.append(n)
     if not folded:
         return 0
     inside = set(folded)
@@ -67,22 +72,29 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
         if n not in kept:
             continue
         assert isinstance(values[n], torch.Tensor)
-        const = constant_node(graph, _fresh(f"{n.name}_const", names), values[n])  # type: ignore[arg-type]
+        const = constant_node(graph, fresh_name(f"{n.name}_const", names), values[n])  # type: ignore[arg-type]
         replace_uses(graph, n, const)
         graph.nodes.insert(graph.nodes.index(n), const)
         inside.add(n)
     # the folded ops are gone; views that the rest of the graph reads stay, reading the new constants
     views = {n for n in folded if n.kind in _ALIASES and n not in kept and _read_by_rest(n, inside, graph)}
-    dropped = [n for n in folded if n not in views]
-    graph.nodes = [n for n in graph.nodes if n not in set(dropped)]
+    dropped = set(folded) - views
+    graph.nodes = [n for n in graph.nodes if n not in dropped]
     graph.link_users()
+    gone: set[Node] = set()  # cheap nodes only folded ops read (readers first: reverse order)
+    for n in reversed(graph.nodes):
+        if n in cheap and all(u in dropped or u in gone for u in n.users):
+            gone.add(n)
+    if gone:
+        graph.nodes = [n for n in graph.nodes if n not in gone]
+        graph.link_users()
     replaced += [n for n in graph.constants if not n.users and n in graph.snapshots]
     drop_unread_constants(graph, replaced)
     present = set(graph.nodes)
     for n in [n for n in graph.constants if n not in present]:
         del graph.constants[n]
         graph.snapshots.discard(n)
-    removed = len([n for n in dropped if n.kind not in _ALIASES])
+    removed = len([n for n in folded if n in dropped and n.kind not in _ALIASES])
     if removed:
         graph.notes.append(f"{removed} op(s) that depend on no input, parameter or buffer evaluated once at compile "
                            f"time ({len(kept)} result(s) kept as constants)")
@@ -99,7 +111,7 @@ def rolls_as_slices(graph: Graph) -> int:
     cat, generated and fused with their neighbours, instead of a gather kernel of ATen's (a = 0: a
     clone)."""
     names = {n.name for n in graph.nodes}
-    build = Builder(fresh=lambda name: _fresh(name, names), nodes=[])
+    build = Builder(fresh=lambda name: fresh_name(name, names), nodes=[])
     rewritten = 0
     for n in list(graph.nodes):
         if n.op != "aten.index_select.default" or len(n.args) != 3 or n.kwargs:
@@ -228,11 +240,3 @@ def _read_by_rest(view: Node, folded: set[Node], graph: Graph) -> bool:
             return True
         stack += [u for u in n.users if u.kind in _ALIASES]
     return False
-
-
-def _fresh(name: str, names: set[str]) -> str:
-    out, k = name, 1
-    while out in names:
-        out, k = f"{name}_{k}", k + 1
-    names.add(out)
-    return out

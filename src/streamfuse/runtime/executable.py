@@ -23,6 +23,7 @@ from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.constant_fold import fold_constants
 from streamfuse.ir.conv_bias import bias_to_epilogue
 from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.mm_bias import bias_into_addmm
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
@@ -103,6 +104,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     on_gpu = device.type == "cuda" and executor == "triton"
     if config.fold_constants:  # what depends on no input, parameter or buffer: computed once, here
         fold_constants(graph, config.fold_constants_max_bytes)
+    if config.linear_bias_addmm:  # mm + bias add -> addmm, the bias in cuBLAS's epilogue
+        bias_into_addmm(graph)
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
     if device.type == "cuda":
         move_cpu_scalars(graph, device)
