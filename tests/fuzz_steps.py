@@ -477,7 +477,7 @@ def step_pool(b: Builder) -> None:
 def step_index(b: Builder) -> None:
     """Ops real models index and scan with: index_select and gather by positions computed in the
     program (arange arithmetic, argmax), embedding lookups, cumsum, tril/triu masks, flip, roll,
-    masked_fill and stack."""
+    masked_fill, stack, pads (by nothing too) and masks from positions alone (folded at compile time)."""
     a = b.pick(lambda v: v.floating and v.rank >= 1)
     if a is None:
         a = b.add_input(b.fresh_shape(b.draw(st.integers(1, 3))))
@@ -486,7 +486,7 @@ def step_index(b: Builder) -> None:
     size = shape[d]
     dev = f"device={n}.device"
     kind = b.draw(st.sampled_from(["index_select", "gather", "gather_argmax", "embedding", "cumsum", "tril",
-                                   "flip", "roll", "masked_fill", "stack"]))
+                                   "flip", "roll", "masked_fill", "stack", "pad", "position_mask"]))
     if kind == "index_select":
         k = b.draw(st.integers(1, 4))
         b.emit(f"{n}.index_select({d}, (torch.arange({k}, {dev}) * {b.draw(st.sampled_from([1, 2, 3]))}) % {size})",
@@ -512,6 +512,13 @@ def step_index(b: Builder) -> None:
         b.emit(f"{n}.flip({d})", a.bound, a.exact)
     elif kind == "roll":
         b.emit(f"torch.roll({n}, {b.draw(st.integers(-2, 2))}, {d})", a.bound, a.exact)
+    elif kind == "pad":  # by nothing (a fused copy) or by one on either side of the last dim
+        left, right = b.draw(st.sampled_from([(0, 0), (1, 0), (0, 1)]))
+        b.emit(f"F.pad({n}, ({left}, {right}))", a.bound, a.exact)
+    elif kind == "position_mask":  # a mask from positions alone (folded at compile time) applied to the data
+        lo = b.draw(st.integers(0, max(0, size - 1)))
+        pos = f"torch.arange({size}, {dev}).view({_lit([size if i == d else 1 for i in range(r)])})"
+        b.emit(f"{n}.masked_fill(({pos} >= {lo}) & ({pos} % 2 == 0), -1.5)", max(a.bound, 1.5), a.exact)
     elif kind == "stack":
         o = b.pick(lambda v: v is not a and v.shape == a.shape and v.dtype == a.dtype)
         if o is None:
