@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [models-perm] [rows] [rows-prof] [fold] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [models-perm] [rows] [rows-prof] [fold] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -98,6 +98,9 @@ step models-perm 200 streamfuse bench --suite models --models convnext,vit_b,swi
   --modes streamfuse,sf-backend --reps 20 --out "$OUT/models-perm"
 step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-d"
+# models-d without swin (run 85 spent most of 330 s on swin; the `fold` step times swin beside reduce-overhead)
+step models-d2 560 streamfuse bench --suite models --models gpt2,distilbert --batch 1 \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-d2"
 step models-e 560 streamfuse bench --suite models --models bert-base,roberta,t5-small,llama --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-e"
 # issue 15's sibling-convolution merge (session 17, off by default): the branchy networks without and
@@ -167,7 +170,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
-for f in models-a models-b models-c models-c2 models-tp models-sf models-perm models-d models-e merge bias rows fold; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in models-a models-b models-c models-c2 models-tp models-sf models-perm models-d models-d2 models-e merge bias rows fold; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
 [ -f "$OUT/shapes-llama.txt" ] && tail -10 "$OUT/shapes-llama.txt"
