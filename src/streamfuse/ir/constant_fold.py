@@ -75,7 +75,6 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
         const = constant_node(graph, fresh_name(f"{n.name}_const", names), values[n])  # type: ignore[arg-type]
         replace_uses(graph, n, const)
         graph.nodes.insert(graph.nodes.index(n), const)
-        inside.add(n)
     # the folded ops are gone; views that the rest of the graph reads stay, reading the new constants
     views = {n for n in folded if n.kind in _ALIASES and n not in kept and _read_by_rest(n, inside, graph)}
     dropped = set(folded) - views
