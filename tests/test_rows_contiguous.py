@@ -174,3 +174,18 @@ def test_launch_fills_the_gpu_with_at_least_a_sector_per_program() -> None:
     assert not fills_rows_contiguous(ReductionDomain((1, 96, 56, 56), (2, 3)), cfg, 132)  # batch 1: 96 rows
     wide = ReductionDomain((32, 1152, 7, 7), (2, 3))  # 36,864 rows: 32 per program, the row in one step
     assert rows_contiguous_launch(wide, cfg, 132) == (32, 64, 8)
+
+
+@pytest.mark.parametrize("shape, dims", [((40, 2112), (0,)), ((3, 5, 2200), (0, 1))])
+def test_column_sums_run_looped_along_the_dense_dim(config, device, shape, dims) -> None:  # type: ignore[no-untyped-def]
+    """The same holds for any reduction whose innermost kept dim is dense: a bias gradient's column
+    sum over a [tokens, features] tensor (enough columns to fill the GPU's SMs twice at 8 a program)."""
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * 1.5).sum(dims), x.amax(dims, keepdim=True)
+
+    x = torch.randn(shape, device=device)
+    compiled = streamfuse.compile(fn, (x,), config)
+    marks = [g.rows_contiguous for g in compiled.plan.groups if g.kind is GroupKind.REDUCTION]
+    assert marks and all(marks)
+    for got, want in zip(compiled(x), fn(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -101,10 +101,12 @@ class Config:
     """Register budget for a persistent reduction's row tile, in elements per thread."""
     reduction_max_warps: int = 16
     reduction_rows_contiguous: bool = True
-    """A sum, mean, max or min over H and W of a channels_last tensor (a squeeze-and-excitation pool
-    after a convolution kept channels_last) runs as a looped reduction with its threads along the
-    channels, which lie next to each other in memory, and stores its other results channels_last too
-    (Group.rows_contiguous); False keeps one program per channel, each reading with a stride of C."""
+    """A sum, mean, max or min whose kept innermost dim is dense in memory (over H and W of a
+    channels_last tensor: a squeeze-and-excitation pool after a convolution kept channels_last; a
+    column sum of a [tokens, features] tensor) runs as a looped reduction with its threads along
+    those adjacent rows, where enough rows fill the GPU, and stores its other results of the full
+    shape channels_last where the input is (Group.rows_contiguous); False keeps the persistent
+    reduction, whose programs then read a row each with the stride of the kept dim."""
     matmul_max_shared_bytes: int = 227 * 1024
     """Shared-memory cap for the matmul template's staged tiles. The template buffers its operand
     tiles in shared memory by design and opts in to the device maximum (as cuBLAS does); the 48 KB
