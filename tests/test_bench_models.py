@@ -104,6 +104,11 @@ def test_model_list_and_filters() -> None:
     assert full["resnet50 b32 fp32"].tolerance == 1e-4 and full["resnet50 b32 bf16"].tolerance == 2e-2
     chosen = model_workloads("ResNet, t5-small", batch="throughput", dtype="bfloat16")
     assert [w.name for w in chosen] == ["resnet50 b32 bf16", "t5-small encoder b8x128 bf16"]
+    # a filter starts a name or a word of it: "t5" is not resnet50, "bert" not distilbert or roberta
+    assert [w.info[0][1] for w in model_workloads("t5,bert", batch="1", dtype="float32")] == [
+        "bert-base", "t5-small encoder"]
+    assert {w.info[0][1] for w in model_workloads("mobilenet", batch="1", dtype="float32")} == {
+        "mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large"}
     with pytest.raises(ValueError, match="no model matches"):
         model_workloads("nope")
     with pytest.raises(ValueError, match="batch must be"):

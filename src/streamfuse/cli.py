@@ -315,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--list", action="store_true", help="list the workloads and their suites")
     bench.add_argument("--out", default="streamfuse-bench", help="directory for bench.json and bench.png")
     bench.add_argument("--models", default=None, metavar="NAME[,NAME]",
-                       help="models suite: only models whose names contain one of these (e.g. resnet,bert)")
+                       help="models suite: only models whose names, or a word in them, start with one of these "
+                            "(e.g. resnet,bert: bert-base, not distilbert)")
     bench.add_argument("--batch", default="all", choices=["1", "throughput", "all"],
                        help="models suite: batch 1, the throughput batch (32 images, 8 sequences), or both")
     bench.add_argument("--dtype", default="all", choices=["float32", "bfloat16", "all"], help="models suite")

@@ -224,18 +224,25 @@ def workload_name(spec: ModelSpec, batch: int, dtype: torch.dtype, tiny: bool) -
     return f"{spec.name} {shape} {SHORT[dtype]}"
 
 
+def _starts_a_word(prefix: str, name: str) -> bool:
+    """`prefix` begins `name` or a word of it (after a space, "-" or "_")."""
+    return any(name.startswith(prefix, i) for i in range(len(name)) if i == 0 or name[i - 1] in " -_")
+
+
 def model_workloads(models: str | None = None, batch: str = "all", dtype: str = "all",
                     tiny: bool = False) -> list[Workload]:
     """The suite's workloads: model x batch (1, throughput) x dtype, filtered.
 
-    models: comma-separated substrings of model names (None: all); batch: "1", "throughput" or "all";
-    dtype: "float32", "bfloat16" or "all". A filter that matches nothing is a ValueError."""
+    models: comma-separated starts of model names or of a word in them (None: all): "mobilenet" is both
+    MobileNets, "t5" the T5 encoder and not resnet50, "bert" bert-base and not distilbert; batch:
+    "1", "throughput" or "all"; dtype: "float32", "bfloat16" or "all". A filter that matches nothing
+    is a ValueError."""
     if batch not in (*BATCHES, "all"):
         raise ValueError(f"batch must be 1, throughput or all, got {batch!r}")
     if dtype not in (*DTYPE_NAMES, "all"):
         raise ValueError(f"dtype must be one of {', '.join(DTYPE_NAMES)} or all, got {dtype!r}")
     wanted = [w.strip().lower() for w in (models or "").split(",") if w.strip()]
-    specs = [s for s in MODELS if not wanted or any(w in s.name.lower() for w in wanted)]
+    specs = [s for s in MODELS if not wanted or any(_starts_a_word(w, s.name.lower()) for w in wanted)]
     if not specs:
         raise ValueError(f"no model matches {models!r}; models: {', '.join(s.name for s in MODELS)}")
     dtypes = list(DTYPE_NAMES.values()) if dtype == "all" else [DTYPE_NAMES[dtype]]
