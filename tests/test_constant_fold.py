@@ -174,3 +174,25 @@ def test_a_full_read_by_a_kernel_stays_in_the_kernel(config, device) -> None:  #
     assert "aten.full.default" in ops and "aten.arange.start_step" not in ops
     folded = [n for n in compiled.base.graph.constants if n.name.endswith("_const")]
     assert [n.shape for n in folded] == [(5,)]  # the arange's result only
+
+
+def test_folds_real_values_under_fake_tensor_mode(config) -> None:  # type: ignore[no-untyped-def]
+    """The backend's compiler may run inside AOTAutograd's FakeTensorMode: what it folds must still be
+    real data (a fake `arange` constant cannot run)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor]:
+        pos = torch.arange(6) % 4
+        return (x * (pos >= 2) + torch.roll(x, 2, 1),)
+
+    x = torch.randn(3, 6)
+    gm = make_fx(f)(x)
+    compiler = backend_module._compiler(config)
+    with FakeTensorMode() as mode:
+        run = compiler(gm, [mode.from_tensor(x)])
+    compiled = backend_module.compiled_graphs[-1]
+    assert _folded_notes(compiled)
+    assert not any(isinstance(t, FakeTensor) for t in compiled.base.graph.constants.values())
+    (out,) = run([x])
+    torch.testing.assert_close(out, f(x)[0])

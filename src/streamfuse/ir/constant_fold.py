@@ -25,6 +25,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from streamfuse.ir.fold import constant_node, drop_unread_constants, fresh_name, replace_uses
 from streamfuse.ir.graph import Graph, Node, map_args
@@ -50,12 +51,14 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
         if n.dtype is not None and n.numel * n.itemsize > max_bytes:
             continue
         try:
-            with torch.no_grad():
+            # real values even where the compiler runs under AOTAutograd's FakeTensorMode: an `arange`
+            # evaluated there would be fake, and a fake constant cannot run
+            with torch.no_grad(), unset_fake_temporarily():
                 value = n.target(*map_args(n.args, values.__getitem__),
                                  **{k: map_args(v, values.__getitem__) for k, v in n.kwargs.items()})
         except Exception:  # noqa: BLE001 - an op that cannot run here runs in the plan, as before
             continue
-        if n.dtype is not None and not _matches(value, n):
+        if isinstance(value, FakeTensor) or (n.dtype is not None and not _matches(value, n)):
             continue
         values[n] = value
         if n.kind in _CHEAP and all(a in cheap for a in n.input_nodes()):
@@ -170,7 +173,7 @@ def _literal(graph: Graph, n: Node, t: torch.Tensor, written: set[int]) -> bool:
     made may be a function's closure-captured parameters and buffers (export lifts them as
     constants too), which stay live like the module's own."""
     return (n in graph.snapshots and id(n) not in written and t.dim() == 0
-            and not isinstance(t, torch.nn.Parameter))
+            and not isinstance(t, (torch.nn.Parameter, FakeTensor)))
 
 
 def _returned(graph: Graph) -> set[Node]:
