@@ -12,9 +12,8 @@ from torch import nn
 
 import streamfuse
 from streamfuse.capture.export import capture
-from streamfuse.codegen.kernel import loopable
 from streamfuse.config import Config
-from streamfuse.fusion.geometry import fills_rows_contiguous, rows_contiguous_launch
+from streamfuse.fusion.geometry import fills_rows_contiguous, loopable, rows_contiguous_launch
 from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.ir.from_fx import graph_from_fx

@@ -20,7 +20,7 @@ import torch
 from streamfuse.codegen.pointwise_ops import Operand, cast, convert, emit_pointwise, single_value_float64
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
-from streamfuse.fusion.geometry import pointwise_launch, reduction_launch, rows_contiguous_launch
+from streamfuse.fusion.geometry import pointwise_launch
 from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import (
@@ -109,8 +109,10 @@ def generate(group: Group, config: Config, target: str, sm_count: int, pdl: bool
     if group.kind is GroupKind.POINTWISE:
         return _generate_pointwise(group, config, target, pdl)
     if group.kind is GroupKind.REDUCTION:
+        from streamfuse.codegen.reduction import generate_reduction
+
         assert group.domain is not None
-        return _generate_reduction(group, group.domain, config, target, sm_count, pdl)
+        return generate_reduction(group, group.domain, config, target, sm_count, pdl)
     if group.kind is GroupKind.HORIZONTAL:
         return _generate_horizontal(group, config, target, pdl)
     if group.kind is GroupKind.MATMUL:
@@ -217,158 +219,6 @@ def _generate_horizontal(group: Group, config: Config, target: str, pdl: bool) -
         top.counter = sub.counter
         out_offset += len(part.outputs)
     return top.finish("hz", ["BLOCK: tl.constexpr"], grid=(start,), num_warps=num_warps, constexprs={"BLOCK": block})
-
-
-def _generate_reduction(group: Group, dom: ReductionDomain, config: Config, target: str,
-                        sm_count: int, pdl: bool) -> KernelSource:
-    if group.rows_contiguous and loopable(group):
-        return _generate_looped_reduction(group, dom, config, target, sm_count, pdl)
-    m, r = dom.rows, dom.row_size
-    block_m, block_r, num_warps = reduction_launch(dom, config, sm_count, group.split)
-    pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, m * r) else "tl.program_id(0)"
-    em = Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
-                                        frozenset({"rows", "cols"}): "mask"}, pdl=pdl)
-    em.lines += [f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]", "cols = tl.arange(0, BLOCK_R)[None, :]"]
-    full_rows, full_cols = m % block_m == 0, r == block_r
-    em.lines += [] if full_rows else [f"rmask = rows < {m}"]
-    em.lines += _column_masks(full_rows, full_cols, r)
-    _static_masks(em, full_rows, full_cols)
-    outer = list(em.hoist(delinearize(Expr.var("rows"), dom.outer_shape), "xo"))
-    inner = list(em.hoist(delinearize(Expr.var("cols"), dom.reduce_shape), "xr"))
-    full = tuple(inner.pop(0) if d in dom.dims else outer.pop(0) for d in range(len(dom.shape)))
-    em.full_index, em.domain = full, dom
-    for j, out in enumerate(group.outputs):
-        if out.shape == dom.shape:
-            v = em.value(out, full)
-            offset, deps = store_offset(full, out).text, frozenset({"rows", "cols"})
-        else:
-            row = _row_index(full, dom, out.shape)
-            v = em.value(out, row)
-            offset = "rows" if store_strides(out) is None else store_offset(row, out).text
-            deps = frozenset({"rows"})
-        em.store(f"out{j}_ptr + {offset}", store_cast(v, out), em.mask_for(deps))
-    return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
-                     grid=(math.ceil(m / block_m),), num_warps=num_warps,
-                     constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
-
-
-def _column_masks(full_rows: bool, full_cols: bool, r: int) -> list[str]:
-    """The lines binding the column mask and the tile mask of a reduction (after `rows`, `rmask` and
-    `cols`); an extent the block divides needs no mask."""
-    lines = [] if full_cols else [f"cmask = cols < {r}"]
-    if not (full_rows or full_cols):
-        lines.append("mask = rmask & cmask")
-    elif not full_rows:
-        lines.append("mask = rmask")
-    elif not full_cols:
-        lines.append("mask = cmask")
-    return lines
-
-
-def _static_masks(em: Emitter, full_rows: bool, full_cols: bool) -> None:
-    """Record the masks that are statically all-true, so loads and stores go unmasked."""
-    em.full_masks |= ({"rmask"} if full_rows else set()) | ({"cmask"} if full_cols else set())
-    if full_rows and full_cols:
-        em.full_masks.add("mask")
-
-
-_LOOPED = {"sum": "0.0", "mean": "0.0", "amax": 'float("-inf")', "amin": 'float("inf")'}
-"""Reductions the looped template accumulates elementwise over its steps, with their identities."""
-
-
-def loopable(group: Group) -> bool:
-    """The looped reduction can run `group` in one pass over each row: every reduction is a sum,
-    mean, max or min of values that need no reduction of the group, and no output of the domain's
-    shape needs one either (a row's reduced value exists only after the loop)."""
-    reductions = [n for n in group.nodes if n.kind is OpKind.REDUCTION]
-    if not reductions or any(packet_name(n.op) not in _LOOPED or n.dtype is None or not n.dtype.is_floating_point
-                             for n in reductions):
-        return False
-    members = set(group.nodes)
-    after: set[Node] = set()  # members computed from a reduction of the group
-    for n in group.nodes:
-        if any(a in after or (a in members and a.kind is OpKind.REDUCTION) for a in n.input_nodes()):
-            after.add(n)
-    dom = group.domain
-    return dom is not None and not any(
-        n.args[0] in after for n in reductions) and not any(o in after for o in group.outputs if o.shape == dom.shape)
-
-
-def _generate_looped_reduction(group: Group, dom: ReductionDomain, config: Config, target: str,
-                               sm_count: int, pdl: bool) -> KernelSource:
-    """The reduction with threads along the rows (Group.rows_contiguous): each program takes BLOCK_M
-    adjacent rows and walks their columns BLOCK_R at a time, accumulating every reduction elementwise
-    in a [BLOCK_M, BLOCK_R] tile and storing the outputs of the domain's shape as it goes; after the
-    loop each tile is reduced along its columns and the row outputs are computed and stored."""
-    m, r = dom.rows, dom.row_size
-    block_m, block_r, num_warps = rows_contiguous_launch(dom, config, sm_count)
-    pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, m * r) else "tl.program_id(0)"
-    em = Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
-                                        frozenset({"rows", "cols"}): "mask"}, pdl=pdl)
-    em.lines.append(f"rows = {pid} * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]")
-    full_rows, full_cols = m % block_m == 0, r % block_r == 0
-    em.lines += [] if full_rows else [f"rmask = rows < {m}"]
-    _static_masks(em, full_rows, full_cols)
-    outer = list(em.hoist(delinearize(Expr.var("rows"), dom.outer_shape), "xo"))
-    reductions = [n for n in group.nodes if n.kind is OpKind.REDUCTION]
-    accs = [f"acc{k}" for k in range(len(reductions))]
-    wides = [compute_dtype(n.dtype) for n in reductions]  # type: ignore[arg-type]
-    em.lines += [f"{a} = tl.full([BLOCK_M, BLOCK_R], {_LOOPED[packet_name(n.op)]}, {TL_DTYPE[w]})"
-                 for a, n, w in zip(accs, reductions, wides, strict=True)]
-    cache, bound = dict(em.cache), dict(em.bound)  # what the loop binds is gone after it
-    em.lines.append(f"for r0 in range(0, {r}, BLOCK_R):")
-    start = len(em.lines)
-    em.lines.append("cols = r0 + tl.arange(0, BLOCK_R)[None, :]")
-    em.lines += _column_masks(full_rows, full_cols, r)
-    inner = list(em.hoist(delinearize(Expr.var("cols"), dom.reduce_shape), "xr"))
-    full = tuple(inner.pop(0) if d in dom.dims else outer.pop(0) for d in range(len(dom.shape)))
-    em.full_index, em.domain = full, dom
-    for acc, n, wide in zip(accs, reductions, wides, strict=True):
-        src = n.args[0]
-        assert isinstance(src, Node)
-        loaded = em.value(src, full)
-        x = loaded.text if loaded.dtype == wide else f"{loaded.text}.to({TL_DTYPE[wide]})"
-        x = em.where_valid(f"tl.broadcast_to({x}, (BLOCK_M, BLOCK_R))", _LOOPED[packet_name(n.op)])
-        name = packet_name(n.op)
-        if name in ("sum", "mean"):
-            em.lines.append(f"{acc} = {acc} + {x}")
-        else:
-            helper = "_sf_max_nan" if name == "amax" else "_sf_min_nan"
-            em.helpers.add(helper)
-            em.lines.append(f"{acc} = {helper}({acc}, {x})")
-    row_outputs = []
-    for j, out in enumerate(group.outputs):
-        if out.shape == dom.shape:
-            v = em.value(out, full)
-            em.store(f"out{j}_ptr + {store_offset(full, out).text}", store_cast(v, out),
-                     em.mask_for(frozenset({"rows", "cols"})))
-        else:
-            row_outputs.append((j, out))
-    em.lines[start:] = [f"    {line}" for line in em.lines[start:]]
-    em.cache, em.bound = cache, bound
-    for acc, n, wide in zip(accs, reductions, wides, strict=True):
-        name = packet_name(n.op)
-        if name in ("sum", "mean"):
-            total = f"tl.sum({acc}, axis=1)[:, None]"
-            total = total if name == "sum" else f"{total} / {r}.0"
-        else:
-            total = f"tl.reduce({acc}, 1, {'_sf_max_nan' if name == 'amax' else '_sf_min_nan'})[:, None]"
-        em.reduced[n] = em.tmp(total, wide)
-    rows_only = tuple(ZERO if d in dom.dims else e for d, e in enumerate(full))
-    for j, out in row_outputs:
-        row = _row_index(rows_only, dom, out.shape)
-        v = em.value(out, row)
-        offset = "rows" if store_strides(out) is None else store_offset(row, out).text
-        em.store(f"out{j}_ptr + {offset}", store_cast(v, out), em.mask_for(frozenset({"rows"})))
-    return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
-                     grid=(math.ceil(m / block_m),), num_warps=num_warps,
-                     constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
-
-
-def _row_index(full: Index, dom: ReductionDomain, shape: tuple[int, ...]) -> Index:
-    if shape == dom.keepdim_shape:
-        return tuple(ZERO if d in dom.dims else e for d, e in enumerate(full))
-    return tuple(e for d, e in enumerate(full) if d not in dom.dims)
 
 
 def store_cast(v: Operand, out: Node) -> str:

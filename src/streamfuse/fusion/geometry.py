@@ -20,11 +20,11 @@ import math
 from dataclasses import dataclass
 
 from streamfuse.config import Config
-from streamfuse.fusion.groups import GroupKind, ReductionDomain
+from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
 from streamfuse.fusion.resources import WARP_SIZE, Occupancy, occupancy
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import pool_params
-from streamfuse.ir.ops import OpKind
+from streamfuse.ir.ops import OpKind, packet_name
 
 DEFAULT_ARCH = "sm_90"
 
@@ -90,6 +90,28 @@ def fills_rows_contiguous(dom: ReductionDomain, config: Config, sm_count: int) -
     `grid_min_waves` programs (with fewer, its long loops leave the GPU idle; the persistent
     reduction's one program per row keeps more loads in flight)."""
     return math.ceil(dom.rows / ROWS_TILE_MIN) >= config.grid_min_waves * sm_count
+
+
+LOOPED_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin"})
+"""Reductions the looped template accumulates elementwise over its steps (a variance needs the mean first)."""
+
+
+def loopable(group: Group) -> bool:
+    """The looped reduction can run `group` in one pass over each row: every reduction is a sum,
+    mean, max or min of values that need no reduction of the group, and no output of the domain's
+    shape needs one either (a row's reduced value exists only after the loop)."""
+    reductions = [n for n in group.nodes if n.kind is OpKind.REDUCTION]
+    if not reductions or any(packet_name(n.op) not in LOOPED_REDUCTIONS or n.dtype is None or not n.dtype.is_floating_point
+                             for n in reductions):
+        return False
+    members = set(group.nodes)
+    after: set[Node] = set()  # members computed from a reduction of the group
+    for n in group.nodes:
+        if any(a in after or (a in members and a.kind is OpKind.REDUCTION) for a in n.input_nodes()):
+            after.add(n)
+    dom = group.domain
+    return dom is not None and not any(
+        n.args[0] in after for n in reductions) and not any(o in after for o in group.outputs if o.shape == dom.shape)
 
 
 SPLITS = (1, 2, 4)

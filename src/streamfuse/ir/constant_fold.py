@@ -70,7 +70,6 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
     inside = set(folded)
     kept = _read_from_outside(graph, inside)
     names = {n.name for n in graph.nodes}
-    replaced: list[Node | None] = []
     for n in folded:
         if n not in kept:
             continue
@@ -90,12 +89,7 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
     if gone:
         graph.nodes = [n for n in graph.nodes if n not in gone]
         graph.link_users()
-    replaced += [n for n in graph.constants if not n.users and n in graph.snapshots]
-    drop_unread_constants(graph, replaced)
-    present = set(graph.nodes)
-    for n in [n for n in graph.constants if n not in present]:
-        del graph.constants[n]
-        graph.snapshots.discard(n)
+    _drop_unread_snapshots(graph)
     removed = len([n for n in folded if n in dropped and n.kind not in _ALIASES])
     if removed:
         graph.notes.append(f"{removed} op(s) that depend on no input, parameter or buffer evaluated once at compile "
@@ -148,13 +142,13 @@ def rolls_as_slices(graph: Graph) -> int:
         rewritten += 1
     if rewritten:
         graph.link_users()
-        present = set(graph.nodes)
-        unread = [c for c in graph.constants if c in present and not c.users and c in graph.snapshots]
-        drop_unread_constants(graph, unread)
-        for c in [c for c in graph.constants if c not in set(graph.nodes)]:
-            del graph.constants[c]
-            graph.snapshots.discard(c)
+        _drop_unread_snapshots(graph)
     return rewritten
+
+
+def _drop_unread_snapshots(graph: Graph) -> None:
+    """The literals and folded constants nothing reads any more leave the graph (users linked)."""
+    drop_unread_constants(graph, [n for n in graph.constants if n in graph.snapshots and not n.users])
 
 
 def _cyclic_shift(index: torch.Tensor, size: int) -> int | None:

@@ -33,7 +33,7 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
         assert g.domain is not None
         head = (f"reduction of {g.domain.rows} rows x {g.domain.row_size} over dims {list(g.domain.dims)} of "
                 f"{list(g.domain.shape)}, grid {src.grid}, {src.num_warps} warps, {src.constexprs}"
-                + ("; looped, threads along the rows (adjacent in memory: a channels_last input)"
+                + ("; looped, threads along the rows (adjacent in memory)"
                    if g.rows_contiguous else ""))
     elif g.kind is GroupKind.HORIZONTAL:
         src = compiled.sources[g.id]

@@ -18,6 +18,7 @@ import torch
 
 from streamfuse.codegen.cache import compile_ahead
 from streamfuse.ir.graph import Node
+from streamfuse.ir.indexing import channels_last_strides
 from streamfuse.runtime.steps import ChannelsLastConvStep, KernelStep, Step
 
 
@@ -44,8 +45,7 @@ def runtime_layouts(steps: list[Step]) -> dict[Node, tuple[int, ...]]:
     for step in steps:
         if isinstance(step, ChannelsLastConvStep) and not step.convert_back:
             node = step.call.node
-            n, c, h, w = node.shape
-            out[node] = (c * h * w, 1, w * c, c)
+            out[node] = channels_last_strides(node.shape)
     return out
 
 

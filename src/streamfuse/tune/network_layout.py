@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from streamfuse.config import Config
-from streamfuse.codegen.kernel import loopable
-from streamfuse.fusion.geometry import fills_rows_contiguous
+from streamfuse.fusion.geometry import fills_rows_contiguous, loopable
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import CHANNELS_LAST_ORDER, channels_last_strides, contiguous_strides
