@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [models-perm] [rows] [rows-prof] [fold] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [models-perm] [rows] [rows-prof] [fold] [fold-on] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -130,6 +130,10 @@ step fold 560 bash -c 'for m in off on; do streamfuse bench --suite models --mod
   --dtype float32 --modes $([ $m = on ] && echo eager,compile-ro,streamfuse,sf-backend || echo streamfuse,sf-backend) \
   --reps 20 --set fold_constants=$([ $m = on ] && echo true || echo false) \
   --set linear_bias_addmm=$([ $m = on ] && echo true || echo false) --out "$0/fold-$m"; done' "$OUT"
+# the "on" half of `fold` alone, beside reduce-overhead (runs 83 and 85 timed the "off" plans: convnext_tiny
+# 646.0/587.5 µs, swin_t 1097.2 µs through streamfuse.compile/the backend)
+step fold-on 560 streamfuse bench --suite models --models convnext,swin --batch 1 --dtype float32 --modes $MODES_RO \
+  --reps 20 --out "$OUT/fold-on"
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
 step backend-host 120 python3 benchmarks/backend_host.py
@@ -170,7 +174,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
-for f in models-a models-b models-c models-c2 models-tp models-sf models-perm models-d models-d2 models-e merge bias rows fold; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in models-a models-b models-c models-c2 models-tp models-sf models-perm models-d models-d2 models-e merge bias rows fold fold-on; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
 [ -f "$OUT/shapes-llama.txt" ] && tail -10 "$OUT/shapes-llama.txt"
