@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [models-perm] [rows] [rows-prof] [fold] [fold-on] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-perm] [rows] [rows-prof] [fold] [fold-on] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -94,6 +94,9 @@ step fuzzfail 120 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=sho
   python3 -m pytest -v -n 3 -W ignore -p no:logging --tb=short \
   "tests/test_fuzz.py::test_layer_norm_over_equal_values_is_judged_against_float64" "tests/test_fuzz.py::test_fuzz[indexing]" \
   "tests/test_fuzz.py::test_fuzz[matmul_cat_pool]"'
+# run 86's failing fuzz test alone, with its whole traceback (fuzzfail's timeout cut it off twice)
+step lnfail 90 python3 -m pytest -q -p no:logging --tb=long -p no:cacheprovider \
+  "tests/test_fuzz.py::test_layer_norm_over_equal_values_is_judged_against_float64"
 step models-perm 200 streamfuse bench --suite models --models convnext,vit_b,swin --batch 1 --dtype float32 \
   --modes streamfuse,sf-backend --reps 20 --out "$OUT/models-perm"
 step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert --batch 1 \
@@ -182,6 +185,7 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/netlayout.txt" ] && tail -15 "$OUT/netlayout.txt"
 [ -f "$OUT/fuzzfail.txt" ] && { grep -E "^E |Error|Falsifying|FAILED|passed|failed" "$OUT/fuzzfail.txt" | head -60; tail -3 "$OUT/fuzzfail.txt"; }
+[ -f "$OUT/lnfail.txt" ] && tail -80 "$OUT/lnfail.txt"
 [ -f "$OUT/netcheck.txt" ] && { grep -E "FAILED|ERROR" "$OUT/netcheck.txt" | head -20; tail -5 "$OUT/netcheck.txt"; }
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
 [ -f "$OUT/backend-host.txt" ] && tail -24 "$OUT/backend-host.txt"
