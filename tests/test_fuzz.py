@@ -193,7 +193,18 @@ def rounding_spread(program: Program, leaves: list[torch.Tensor], draws: int = 4
     last place (random signs, `draws` times): what rounding alone does to them. A gradient that is
     zero in exact arithmetic, a sum of terms of ~300 that cancel (a layer norm over equal values:
     rsqrt(eps)), comes out 0.0 in eager on the GPU by the luck of its order and 1.8e-4 in ours
-    (run 85); perturbed by an ulp, eager's own moves by as much."""
+    (run 85); perturbed by an ulp, eager's own moves by as much on the CPU. On the GPU eager's layer
+    norm backward gave 0.0 under every perturbation (run 87), so the spread is taken on the CPU too:
+    it measures how much float32 rounding the program amplifies, which is the program's, not one
+    device's summation order."""
+    spread = _rounding_spread(program, leaves, draws)
+    if any(t.device.type != "cpu" for t in leaves):
+        on_cpu = [t.detach().cpu().requires_grad_(t.requires_grad) for t in leaves]
+        spread = [max(a, b) for a, b in zip(spread, _rounding_spread(program, on_cpu, draws), strict=True)]
+    return spread
+
+
+def _rounding_spread(program: Program, leaves: list[torch.Tensor], draws: int) -> list[float]:
     base = [g for g in grads_in(program, leaves, torch.float32) if g is not None]
     gen = torch.Generator().manual_seed(program.seed)
     spread = [0.0] * len(base)
