@@ -47,7 +47,36 @@ _HELPERS = {
                    "    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)",
     "_sf_min_nan": "\n\n@triton.jit\ndef _sf_min_nan(a, b):\n"
                    "    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)",
+    # float32 -> bfloat16 rounded to nearest even, as the GPU converts: Triton's interpreter (3.6)
+    # truncates toward zero, up to one bfloat16 ulp off on every store (interpreter sources only)
+    "_sf_bf16": "\n\n@triton.jit\ndef _sf_bf16(x):\n"
+                "    bits = x.to(tl.float32).to(tl.uint32, bitcast=True)\n"
+                "    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000\n"
+                "    kept = tl.where(x != x, bits, rounded)\n"
+                "    return kept.to(tl.float32, bitcast=True).to(tl.bfloat16)",
 }
+
+_TO_BF16 = ".to(tl.bfloat16)"
+
+
+def round_bf16_to_nearest(line: str) -> str:
+    """`X.to(tl.bfloat16)` as `_sf_bf16(X)` (X: the operand before the call, a name, an attribute
+    chain, a call or a parenthesized expression)."""
+    while (at := line.find(_TO_BF16)) >= 0:
+        start, depth = at, 0
+        while start > 0:
+            c = line[start - 1]
+            if c in ")]":
+                depth += 1
+            elif c in "([":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif depth == 0 and not (c.isalnum() or c in "_."):
+                break
+            start -= 1
+        line = f"{line[:start]}_sf_bf16({line[start:at]}){line[at + len(_TO_BF16):]}"
+    return line
 
 
 @dataclass
@@ -463,6 +492,9 @@ class Emitter:
         params += self.scratch_params
         params += constexpr_params
         lines = self.lines
+        if self.target != "cuda" and any(_TO_BF16 in line for line in lines):
+            lines = [round_bf16_to_nearest(line) for line in lines]
+            self.helpers.add("_sf_bf16")
         if self.pdl:  # before any load: nothing a previous kernel writes may be read earlier
             lines = ["gdc_launch_dependents()", *([] if self.waits else ["gdc_wait()"]), *lines]
         body = "\n".join(f"    {line}" for line in lines)
