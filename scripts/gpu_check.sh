@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-perm] [rows] [rows-prof] [fold] [fold-on] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -146,6 +146,12 @@ step fold 560 bash -c 'for m in off on; do streamfuse bench --suite models --mod
 # 646.0/587.5 µs, swin_t 1097.2 µs through streamfuse.compile/the backend)
 step fold-on 560 streamfuse bench --suite models --models convnext,swin --batch 1 --dtype float32 --modes $MODES_RO \
   --reps 20 --out "$OUT/fold-on"
+# session 22's branched cats (Config.concat_branches_from, off by default): densenet121 at batch 1 and 32
+# without and with them (cats of 5 or more inputs; 285 launches per call to 244 on the CPU plan), beside
+# reduce-overhead (the peers once, in "on"); then the op tests of cats on the GPU with them on
+step dense 560 bash -c 'for m in 0 5; do streamfuse bench --suite models --models densenet --batch all --dtype float32 \
+  --modes $([ $m = 5 ] && echo eager,compile-ro,streamfuse,sf-backend || echo streamfuse) --reps 20 \
+  --set concat_branches_from=$m --out "$0/dense-$m"; done; python3 -m pytest -q -p no:logging tests/test_concat.py' "$OUT"
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
 step backend-host 120 python3 benchmarks/backend_host.py
@@ -186,7 +192,7 @@ for f in tests epilogue streams; do [ -f "$OUT/$f.txt" ] || continue; echo "-- $
 [ -f "$OUT/bench.txt" ] && tail -30 "$OUT/bench.txt"
 [ -f "$OUT/tma.txt" ] && grep -E "µs|failed" "$OUT/tma.txt"
 [ -f "$OUT/models.txt" ] && tail -60 "$OUT/models.txt"
-for f in models-a models-b models-c models-c2 models-tp models-sf models-perm models-d models-d2 models-e models-be models-bf16 models-tp-text merge bias rows fold fold-on; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in models-a models-b models-c models-c2 models-tp models-sf models-perm models-d models-d2 models-e models-be models-bf16 models-tp-text merge bias rows fold fold-on dense; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/generate.txt" ] && tail -8 "$OUT/generate.txt"
 [ -f "$OUT/shapes.txt" ] && tail -30 "$OUT/shapes.txt"
 [ -f "$OUT/shapes-llama.txt" ] && tail -10 "$OUT/shapes-llama.txt"

@@ -94,3 +94,58 @@ def _with_cat(compiled) -> list:  # type: ignore[no-untyped-def]
     order = {n: i for i, n in enumerate(compiled.plan.graph.nodes)}
     mm = next(g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL)
     return sorted(mm.nodes + cat_groups(compiled)[0].nodes, key=order.__getitem__)
+
+
+@pytest.mark.parametrize("dim", [1, 3])
+def test_a_wide_cat_reads_each_input_in_its_own_branch(config, device, dim: int) -> None:  # type: ignore[no-untyped-def]
+    """Config.concat_branches_from: densenet's cat of many feature maps, then batch-norm and ReLU.
+    Each input is read in an `if` only programs reaching it take; every lane must still come from the
+    right input, at odd sizes, along the channels (blocks span several inputs) and along the last dim
+    (each block spans all of them)."""
+    widths = [3, 1, 4, 2, 5, 3, 1, 2]
+    shape = lambda w: (2, w, 5, 3) if dim == 1 else (2, 3, 5, w)  # noqa: E731
+    inputs = [randn(*shape(w), device=device, seed=k) for k, w in enumerate(widths)]
+    scale = randn(sum(widths), device=device, seed=99)
+    view = (1, -1, 1, 1) if dim == 1 else (1, 1, 1, -1)
+
+    def dense(*xs: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.cat(xs, dim) * scale.view(view) + 0.5)
+
+    compiled = compile_and_check(dense, inputs, config.replace(concat_branches_from=5))
+    (group,) = cat_groups(compiled)
+    source = compiled.sources[group.id].source
+    assert source.count("if (") == len(widths), source
+    assert compiled.stats["kernels"] == 1
+    fresh = [torch.randn_like(t) for t in inputs]
+    torch.testing.assert_close(compiled(*fresh), dense(*fresh), rtol=1e-6, atol=1e-6)
+    # below the threshold, the masked loads and select of every cat
+    plain = compile_and_check(dense, inputs, config.replace(concat_branches_from=9))
+    assert "if (" not in plain.sources[cat_groups(plain)[0].id].source
+
+
+def test_a_wide_cat_counts_two_inputs_live_in_the_occupancy_estimate(config) -> None:  # type: ignore[no-untyped-def]
+    """The register estimate of a kernel reading a cat in branches counts two of its inputs, so the
+    occupancy rule no longer refuses its epilogue (densenet121: 41 refusals, 285 launches to 244)."""
+    from streamfuse.fusion.geometry import branched_inputs
+
+    inputs = [randn(2, 4, 5, 3, seed=k) for k in range(8)]
+    scale = randn(32, seed=99)
+
+    def dense(*xs: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.cat(xs, 1) * scale.view(1, -1, 1, 1) + 0.5)
+
+    compiled = compile_and_check(dense, inputs, config.replace(concat_branches_from=5, executor="reference"))
+    (group,) = cat_groups(compiled)
+    branched = branched_inputs(group.nodes, group.inputs, compiled.config)
+    assert len(branched) == 8 and len(group.inputs) == 9  # the scale is read outside the cat
+    assert not branched_inputs(group.nodes, group.inputs, compiled.config.replace(concat_branches_from=0))
+    assert not branched_inputs(group.nodes, group.inputs, compiled.config.replace(concat_branches_from=9))
+    from streamfuse.fusion.geometry import estimate
+
+    def registers(live: frozenset) -> int:  # type: ignore[type-arg]
+        return estimate(group.kind, group.inputs, group.outputs, group.shape, None, 0, compiled.config, 132,
+                        branched=live).registers
+
+    two = estimate(group.kind, [*group.inputs[-1:], *group.inputs[:2]], group.outputs, group.shape, None, 0,
+                   compiled.config, 132).registers
+    assert registers(branched) == two < registers(frozenset())

@@ -67,6 +67,13 @@ class Config:
     per element beyond one evaluation of each is refused (fusion/geometry.py). One 3x3 pool over a
     bias + ReLU epilogue recomputes 32; GoogLeNet's two pools over a 4-way cat recomputed 1,369, and
     that kernel took 496 µs on the H200 where the unfused kernels take a few."""
+    concat_branches_from: int = 0
+    """A cat of at least this many inputs (0: never), in a pointwise kernel, reads each input in a
+    branch of its own that only the programs whose block reaches that input take, and selects into
+    one accumulator: per element one load instead of one masked load per input, and registers that
+    do not grow with the inputs (densenet121's layers read a cat of up to 32; the occupancy estimate
+    refused 41 fusions there). Off until measured on a GPU: each program pays two block-wide
+    reductions for its range along the cat dim."""
     max_persistent_reduction: int = 16384
     """Largest reduced extent (elements per row) kept in registers in one pass; larger
     reductions run through ATen (recorded as a refusal)."""
@@ -291,6 +298,8 @@ class Config:
             raise ValueError(f"Config.matmul_max_split_k must be in [1, 1024], got {self.matmul_max_split_k}")
         if not 0.0 < self.graph_memory_fraction <= 1.0:
             raise ValueError(f"Config.graph_memory_fraction must be in (0, 1], got {self.graph_memory_fraction}")
+        if not isinstance(self.concat_branches_from, int) or self.concat_branches_from < 0:
+            raise ValueError(f"Config.concat_branches_from must be an int >= 0 (0: never), got {self.concat_branches_from!r}")
         if not 0.0 <= self.max_occupancy_drop <= 1.0:
             raise ValueError(f"Config.max_occupancy_drop must be in [0, 1], got {self.max_occupancy_drop}")
         if self.autotune_budget_s <= 0:

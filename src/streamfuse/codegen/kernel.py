@@ -161,6 +161,7 @@ def _generate_pointwise(group: Group, config: Config, target: str, pdl: bool) ->
     block, num_warps = pointwise_launch(n, config, group.split)
     pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, n) else "tl.program_id(0)"
     em = Emitter(group, target, masks={frozenset({"offs"}): "mask"}, pdl=pdl)
+    em.branch_cats_from = config.concat_branches_from
     _pointwise_body(em, group, block, pid, out_offset=0)
     return em.finish("pw", ["BLOCK: tl.constexpr"], grid=(math.ceil(n / block),), num_warps=num_warps,
                      constexprs={"BLOCK": block})
@@ -283,6 +284,8 @@ class Emitter:
         """Values computed outside value()'s rules (the matmul template's product), at every index."""
         self.scratch_params: list[str] = []
         """Pointer parameters of the kernel's scratch buffers (KernelSource.scratch), after rng's."""
+        self.branch_cats_from = 0
+        """Config.concat_branches_from, where the index is one block of `offs` (pointwise kernels)."""
         self.guard: tuple[str, frozenset[str]] | None = None
         """While a cat's input is computed: the condition (and its index variables) under which the
         lanes read that input. Loads whose address moves with those variables are masked by it, so
@@ -368,6 +371,8 @@ class Emitter:
         if coord.text.isdigit():  # a fixed position along the cat dim: one input, no select
             k = bisect.bisect_right(offsets, int(coord.text)) - 1
             return Operand(cast(part(k), wide), wide)
+        if 0 < self.branch_cats_from <= len(tensors) and coord.deps == frozenset({"offs"}):
+            return self.branched_concat(coord, offsets, part, wide)
         values = []
         for k in range(len(tensors)):
             conds = ([f"({coord.text} >= {offsets[k]})"] if k > 0 else []) + \
@@ -378,6 +383,29 @@ class Emitter:
         for k in range(len(tensors) - 2, -1, -1):
             text = f"tl.where({coord.text} < {offsets[k + 1]}, {values[k]}, {text})"
         return self.tmp(text, wide)
+
+    def branched_concat(self, coord: Expr, offsets: list[int], part: Callable[[int], Operand],
+                        wide: torch.dtype) -> Operand:
+        """A cat of many inputs (Config.concat_branches_from): the block's range along the cat dim,
+        then one `if` per input that only programs reaching it take, each selecting its lanes into
+        one accumulator. Nothing computed inside a branch is reused outside it."""
+        lo = self.tmp(f"tl.min({coord.text}, axis=0)", torch.int64).text
+        hi = self.tmp(f"tl.max({coord.text}, axis=0)", torch.int64).text
+        acc = f"cat{self.counter}"
+        self.counter += 1
+        self.lines.append(f"{acc} = tl.full([BLOCK], 0, {TL_DTYPE[wide]})")
+        for k in range(len(offsets) - 1):
+            start, cache, bound = len(self.lines), dict(self.cache), dict(self.bound)
+            conds = ([f"({coord.text} >= {offsets[k]})"] if k > 0 else []) + \
+                    ([f"({coord.text} < {offsets[k + 1]})"] if k < len(offsets) - 2 else [])
+            guard = self.tmp(" & ".join(conds), torch.bool).text
+            value = cast(self.guarded(guard, coord.deps, lambda k=k: part(k)), wide)
+            self.lines.append(f"{acc} = tl.where({guard}, {value}, {acc})")
+            body = self.lines[start:]
+            self.lines[start:] = [f"if ({hi} >= {offsets[k]}) & ({lo} < {offsets[k + 1]}):"] + \
+                                 [f"    {line}" for line in body]
+            self.cache, self.bound = cache, bound
+        return Operand(acc, wide)
 
     def guarded(self, cond: str | None, deps: frozenset[str], fn: Callable[[], Operand]) -> Operand:
         """fn() with `cond` (over index variables `deps`) added to the load guard (see `guard`)."""

@@ -23,7 +23,7 @@ from streamfuse.config import Config
 from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
 from streamfuse.fusion.resources import WARP_SIZE, Occupancy, occupancy
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import pool_params
+from streamfuse.ir.indexing import concat_parts, pool_params
 from streamfuse.ir.ops import OpKind, packet_name
 
 DEFAULT_ARCH = "sm_90"
@@ -141,9 +141,14 @@ class Resources:
 def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tuple[int, ...],
              domain: ReductionDomain | None, reductions: int, config: Config, sm_count: int,
              matmul_tile: tuple[int, int, int, int, int] | None = None, itemsize: int = 4,
-             split: int = 1, rows_contiguous: bool = False) -> Resources:
+             split: int = 1, rows_contiguous: bool = False, branched: frozenset[Node] = frozenset()) -> Resources:
     """Estimated resources of a generated kernel (see the module docstring for the model);
-    `rows_contiguous`: the looped reduction (Group.rows_contiguous), whose accumulators are live too."""
+    `rows_contiguous`: the looped reduction (Group.rows_contiguous), whose accumulators are live too;
+    `branched`: inputs read only in a cat's branches (`branched_inputs`), counted as two of them."""
+    live = [n for n in inputs if n not in branched]
+    if len(live) < len(inputs):
+        live += sorted(branched, key=lambda n: len(n.shape), reverse=True)[:2]
+    inputs = live
     args = 16 + 2 * (len(inputs) + len(outputs)) + sum(len(n.shape) for n in inputs)
     if kind is GroupKind.MATMUL:
         assert matmul_tile is not None
@@ -166,6 +171,24 @@ def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tu
         regs = args + per_thread * min(8, len(inputs) + len(outputs))
         shared = 0
     return Resources(threads=threads, registers=regs, shared_bytes=shared, spills=max(0, regs - 255))
+
+
+def branched_inputs(nodes: list[Node], inputs: list[Node], config: Config) -> frozenset[Node]:
+    """The inputs a pointwise kernel of `nodes` reads only as parts of a cat that it reads in
+    branches (Config.concat_branches_from): one or two of them are live in a program at a time."""
+    if config.concat_branches_from <= 0:
+        return frozenset()
+    readers: dict[Node, int] = {}
+    for n in nodes:
+        for a in set(n.input_nodes()):
+            readers[a] = readers.get(a, 0) + 1
+    ins, out = set(inputs), set()
+    for n in nodes:
+        if n.kind is OpKind.CONCAT:
+            parts, _ = concat_parts(n)
+            if len(parts) >= config.concat_branches_from:
+                out |= {p for p in parts if p in ins and readers[p] == 1}
+    return frozenset(out)
 
 
 def resource_refusal(fused: Resources, parts: list[tuple[Resources, float]], config: Config) -> str | None:

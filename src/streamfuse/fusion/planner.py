@@ -13,7 +13,14 @@ from collections.abc import Callable, Mapping
 import networkx as nx
 
 from streamfuse.config import Config
-from streamfuse.fusion.geometry import SPLITS, Resources, estimate, recompute_refusal, resource_refusal
+from streamfuse.fusion.geometry import (
+    SPLITS,
+    Resources,
+    branched_inputs,
+    estimate,
+    recompute_refusal,
+    resource_refusal,
+)
 from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal
 from streamfuse.fusion.horizontal import pack_horizontal
 from streamfuse.fusion.legality import KernelShape, check_group, node_refusal
@@ -166,20 +173,23 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
     # limits: the seeds waive the rule where measurement shows the fusion faster, and on the H200
     # softmax and layer_norm fused into one kernel reach 94% and 90% of copy bandwidth (PERF.md,
     # runs 5-13) at occupancies this estimate puts 20-35% below the unfused kernels'.
-    replaced = [(_resources(p, config, state.sm_count, split), _bytes(p)) for p, split in parts
+    replaced = [(_resources(p, config, state.sm_count, split, state.members[g]), _bytes(p))
+                for (p, split), g in zip(parts, (gp, gc), strict=True)
                 if not isinstance(p, str) and p.kind is GroupKind.POINTWISE is result.kind]
     reason = None
     for split in SPLITS:  # refuse only if spreading the work over more threads cannot restore occupancy
-        reason = resource_refusal(_resources(result, config, state.sm_count, split), replaced, config)
+        reason = resource_refusal(_resources(result, config, state.sm_count, split, union), replaced, config)
         if reason is None:
             return split
     return f"resources: {reason}"
 
 
-def _resources(shape: KernelShape, config: Config, sm_count: int, split: int = 1) -> Resources:
+def _resources(shape: KernelShape, config: Config, sm_count: int, split: int, nodes: list[Node]) -> Resources:
     reductions = sum(1 for n in shape.outputs if n.kind is OpKind.REDUCTION) or (shape.domain is not None)
+    branched = (branched_inputs(nodes, list(shape.inputs), config) if shape.kind is GroupKind.POINTWISE
+                else frozenset[Node]())
     return estimate(shape.kind, list(shape.inputs), list(shape.outputs), shape.shape, shape.domain,
-                    int(reductions), config, sm_count, split=split)
+                    int(reductions), config, sm_count, split=split, branched=branched)
 
 
 def _bytes(shape: KernelShape) -> float:

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from streamfuse.codegen.kernel import memory_order
-from streamfuse.fusion.geometry import Resources, estimate
+from streamfuse.fusion.geometry import Resources, branched_inputs, estimate
 from streamfuse.fusion.groups import Group, GroupKind
 from streamfuse.fusion.legality import matmul_operands
 from streamfuse.ir.graph import Node
@@ -96,7 +96,9 @@ def kernel_resources(g: Group, compiled: CompiledGraph) -> Resources:
     shape = max((p.shape for p in parts), key=lambda s: math.prod(s)) if kind is GroupKind.POINTWISE else g.shape
     return estimate(kind, g.inputs, g.outputs, shape, g.domain, reductions, compiled.config,
                     compiled.base.sm_count, matmul_tile=tile, itemsize=itemsize, split=g.split,
-                    rows_contiguous=g.rows_contiguous)
+                    rows_contiguous=g.rows_contiguous,
+                    branched=branched_inputs(g.nodes, g.inputs, compiled.config) if g.kind is GroupKind.POINTWISE
+                    else frozenset())
 
 
 def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
