@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [bertplan] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -161,6 +161,17 @@ step fold-on 560 streamfuse bench --suite models --models convnext,swin --batch 
 step dense 560 bash -c 'for m in 0 5; do streamfuse bench --suite models --models densenet --batch all --dtype float32 \
   --modes $([ $m = 5 ] && echo eager,compile-ro,streamfuse,sf-backend || echo streamfuse) --reps 20 \
   --set concat_branches_from=$m --out "$0/dense-$m"; done; python3 -m pytest -q -p no:logging tests/test_concat.py' "$OUT"
+# session 22's lead: bert-base's GPU plan has 7 more launches per layer than its CPU plan (221 against 125
+# at 8x128); its explain() on the GPU names them (gpt2 prefill beside it: 100 on both devices)
+step bertplan 150 python3 -c 'import torch, streamfuse
+from streamfuse.bench import models as bm
+for name in ("bert-base", "gpt2 prefill"):
+    spec = [s for s in bm.MODELS if s.name == name][0]
+    torch.manual_seed(0)
+    m = spec.build(False).eval().cuda()
+    x = bm.make_inputs(spec, m, 8, False, torch.device("cuda"), torch.float32, 0)
+    with torch.no_grad():
+        print(streamfuse.compile(m, x).explain(), flush=True)'
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
 step backend-host 120 python3 benchmarks/backend_host.py
@@ -209,6 +220,7 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/netlayout.txt" ] && tail -15 "$OUT/netlayout.txt"
 [ -f "$OUT/fuzzfail.txt" ] && { grep -E "^E |Error|Falsifying|FAILED|passed|failed" "$OUT/fuzzfail.txt" | head -60; tail -3 "$OUT/fuzzfail.txt"; }
+[ -f "$OUT/bertplan.txt" ] && grep -E "^streamfuse plan|^k[0-9]+_" "$OUT/bertplan.txt" | head -80
 [ -f "$OUT/lnfail.txt" ] && tail -80 "$OUT/lnfail.txt"
 [ -f "$OUT/netcheck.txt" ] && { grep -E "FAILED|ERROR" "$OUT/netcheck.txt" | head -20; tail -5 "$OUT/netcheck.txt"; }
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"
