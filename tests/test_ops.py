@@ -187,6 +187,24 @@ def test_bfloat16_stores_round_to_nearest_even(config, device) -> None:  # type:
         assert torch.equal(o, r), int((o != r).sum())
 
 
+def test_the_bfloat16_rewrite_wraps_the_whole_operand() -> None:
+    """round_bf16_to_nearest (interpreter sources) takes the operand before `.to(tl.bfloat16)`: a
+    name, a call, a parenthesized expression or a subscript, however nested, and leaves the rest."""
+    from streamfuse.codegen.kernel import round_bf16_to_nearest as rewrite
+
+    cases = {
+        "tl.store(p + o, t17.to(tl.bfloat16), mask=mask)": "tl.store(p + o, _sf_bf16(t17), mask=mask)",
+        "t3 = t2.to(tl.bfloat16).to(tl.float32)": "t3 = _sf_bf16(t2).to(tl.float32)",
+        "v = (a + f(b, (c))).to(tl.bfloat16)": "v = _sf_bf16((a + f(b, (c))))",
+        "x = tl.load(p + o, mask=m).to(tl.bfloat16)": "x = _sf_bf16(tl.load(p + o, mask=m))",
+        "y = acc[:, None].to(tl.bfloat16) * 2": "y = _sf_bf16(acc[:, None]) * 2",
+        "z = a.to(tl.bfloat16) + b.to(tl.bfloat16)": "z = _sf_bf16(a) + _sf_bf16(b)",
+        "w = a.to(tl.float16)": "w = a.to(tl.float16)",
+    }
+    for line, want in cases.items():
+        assert rewrite(line) == want, (line, rewrite(line))
+
+
 def test_pow_zero_is_one_for_inf_and_nan(config, device) -> None:  # type: ignore[no-untyped-def]
     x = torch.tensor([1.5, float("nan"), float("inf"), float("-inf"), 0.0], device=device)
     fn = lambda t: (t.pow(0) * 2,)
