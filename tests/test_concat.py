@@ -136,10 +136,10 @@ def test_a_wide_cat_counts_two_inputs_live_in_the_occupancy_estimate(config) -> 
 
     compiled = compile_and_check(dense, inputs, config.replace(concat_branches_from=5, executor="reference"))
     (group,) = cat_groups(compiled)
-    branched = branched_inputs(group.nodes, group.inputs, compiled.config)
+    branched = branched_inputs(group.kind, group.nodes, group.inputs, compiled.config)
     assert len(branched) == 8 and len(group.inputs) == 9  # the scale is read outside the cat
-    assert not branched_inputs(group.nodes, group.inputs, compiled.config.replace(concat_branches_from=0))
-    assert not branched_inputs(group.nodes, group.inputs, compiled.config.replace(concat_branches_from=9))
+    assert not branched_inputs(group.kind, group.nodes, group.inputs, compiled.config.replace(concat_branches_from=0))
+    assert not branched_inputs(group.kind, group.nodes, group.inputs, compiled.config.replace(concat_branches_from=9))
     from streamfuse.fusion.geometry import estimate
 
     def registers(live: frozenset) -> int:  # type: ignore[type-arg]

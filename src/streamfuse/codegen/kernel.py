@@ -371,18 +371,23 @@ class Emitter:
         if coord.text.isdigit():  # a fixed position along the cat dim: one input, no select
             k = bisect.bisect_right(offsets, int(coord.text)) - 1
             return Operand(cast(part(k), wide), wide)
-        if 0 < self.branch_cats_from <= len(tensors) and coord.deps == frozenset({"offs"}):
+        if len(tensors) > 1 and 0 < self.branch_cats_from <= len(tensors) and coord.deps == frozenset({"offs"}):
             return self.branched_concat(coord, offsets, part, wide)
         values = []
         for k in range(len(tensors)):
-            conds = ([f"({coord.text} >= {offsets[k]})"] if k > 0 else []) + \
-                    ([f"({coord.text} < {offsets[k + 1]})"] if k < len(tensors) - 1 else [])
-            guard = self.tmp(" & ".join(conds), torch.bool).text if conds else None
+            guard = self.part_guard(coord, offsets, k)
             values.append(cast(self.guarded(guard, coord.deps, lambda k=k: part(k)), wide))
         text = values[-1]
         for k in range(len(tensors) - 2, -1, -1):
             text = f"tl.where({coord.text} < {offsets[k + 1]}, {values[k]}, {text})"
         return self.tmp(text, wide)
+
+    def part_guard(self, coord: Expr, offsets: list[int], k: int) -> str | None:
+        """The condition under which a lane's position `coord` along the cat dim falls in input k
+        (None for the only input)."""
+        conds = ([f"({coord.text} >= {offsets[k]})"] if k > 0 else []) + \
+                ([f"({coord.text} < {offsets[k + 1]})"] if k < len(offsets) - 2 else [])
+        return self.tmp(" & ".join(conds), torch.bool).text if conds else None
 
     def branched_concat(self, coord: Expr, offsets: list[int], part: Callable[[int], Operand],
                         wide: torch.dtype) -> Operand:
@@ -396,9 +401,7 @@ class Emitter:
         self.lines.append(f"{acc} = tl.full([BLOCK], 0, {TL_DTYPE[wide]})")
         for k in range(len(offsets) - 1):
             start, cache, bound = len(self.lines), dict(self.cache), dict(self.bound)
-            conds = ([f"({coord.text} >= {offsets[k]})"] if k > 0 else []) + \
-                    ([f"({coord.text} < {offsets[k + 1]})"] if k < len(offsets) - 2 else [])
-            guard = self.tmp(" & ".join(conds), torch.bool).text
+            guard = self.part_guard(coord, offsets, k)
             value = cast(self.guarded(guard, coord.deps, lambda k=k: part(k)), wide)
             self.lines.append(f"{acc} = tl.where({guard}, {value}, {acc})")
             body = self.lines[start:]

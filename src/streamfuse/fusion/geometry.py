@@ -173,10 +173,11 @@ def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tu
     return Resources(threads=threads, registers=regs, shared_bytes=shared, spills=max(0, regs - 255))
 
 
-def branched_inputs(nodes: list[Node], inputs: list[Node], config: Config) -> frozenset[Node]:
-    """The inputs a pointwise kernel of `nodes` reads only as parts of a cat that it reads in
-    branches (Config.concat_branches_from): one or two of them are live in a program at a time."""
-    if config.concat_branches_from <= 0:
+def branched_inputs(kind: GroupKind, nodes: list[Node], inputs: list[Node], config: Config) -> frozenset[Node]:
+    """The inputs a kernel of `nodes` reads only as parts of a cat that it reads in branches
+    (Config.concat_branches_from; pointwise kernels only): one or two of them are live in a program
+    at a time."""
+    if config.concat_branches_from <= 0 or kind is not GroupKind.POINTWISE:
         return frozenset()
     readers: dict[Node, int] = {}
     for n in nodes:

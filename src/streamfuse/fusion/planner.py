@@ -186,10 +186,9 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
 
 def _resources(shape: KernelShape, config: Config, sm_count: int, split: int, nodes: list[Node]) -> Resources:
     reductions = sum(1 for n in shape.outputs if n.kind is OpKind.REDUCTION) or (shape.domain is not None)
-    branched = (branched_inputs(nodes, list(shape.inputs), config) if shape.kind is GroupKind.POINTWISE
-                else frozenset[Node]())
     return estimate(shape.kind, list(shape.inputs), list(shape.outputs), shape.shape, shape.domain,
-                    int(reductions), config, sm_count, split=split, branched=branched)
+                    int(reductions), config, sm_count, split=split,
+                    branched=branched_inputs(shape.kind, nodes, list(shape.inputs), config))
 
 
 def _bytes(shape: KernelShape) -> float:

@@ -97,8 +97,7 @@ def kernel_resources(g: Group, compiled: CompiledGraph) -> Resources:
     return estimate(kind, g.inputs, g.outputs, shape, g.domain, reductions, compiled.config,
                     compiled.base.sm_count, matmul_tile=tile, itemsize=itemsize, split=g.split,
                     rows_contiguous=g.rows_contiguous,
-                    branched=branched_inputs(g.nodes, g.inputs, compiled.config) if g.kind is GroupKind.POINTWISE
-                    else frozenset())
+                    branched=branched_inputs(g.kind, g.nodes, g.inputs, compiled.config))
 
 
 def explain_plan(compiled: CompiledGraph, source: bool = True) -> str:
