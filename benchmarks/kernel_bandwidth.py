@@ -2,14 +2,16 @@
 (issue 15's guard against pathological kernels: one GoogLeNet kernel ran at 5 GB/s for 496 µs).
 
     python benchmarks/kernel_bandwidth.py [--models googlenet,bert] [--batch 1] [--dtype float32]
-                                          [--floor 0.1] [--min-us 5] [--top 0] [--set NAME=VALUE]
+                                          [--floor 0.1] [--min-us 5] [--top 0] [--set NAME=VALUE] [--peer] [--tf32]
 
 For each model: streamfuse.compile, then `streamfuse.profile` over a few calls (after all timing,
 since a profiler session slows later multi-stream graphs in the process). A generated kernel that
 takes at least --min-us per call and moves its bytes at less than --floor of the copy bandwidth is
 listed as suspect; the last line counts them. --top N also lists the N kernels of any kind (cuDNN,
 cuBLAS, generated) that take the most time per call, and the time per call of each kind of generated
-kernel (its name's prefix: sf_pw, sf_red, ...). Profile in a process of its own.
+kernel (its name's prefix: sf_pw, sf_red, ...). --peer also profiles torch.compile(mode="reduce-overhead")
+on the same inputs and prints both sides' kernel time per call by class (matmul, attention, generated,
+other) and their longest kernels: where the two plans differ. Profile in a process of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--top", type=int, default=0, help="also list the N kernels taking the most time per call")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a Config field")
+    ap.add_argument("--peer", action="store_true", help="also profile torch.compile(mode='reduce-overhead')")
+    ap.add_argument("--tf32", action="store_true", help="allow TF32 for float32 matmuls and convolutions, as "
+                                                        "`streamfuse bench` times them")
     args = ap.parse_args()
 
     import torch
@@ -36,6 +41,7 @@ def main() -> int:
     from streamfuse.bench.models import model_workloads
 
     device = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     suspects = total = 0
     for w in model_workloads(args.models, args.batch, args.dtype):
         model, inputs = w.make(device)
@@ -71,11 +77,58 @@ def main() -> int:
                 print(f"  {'SUSPECT ' if low else ''}{k.name}: {mean:.1f} µs, {k.achieved_gbps or 0:.0f} GB/s "
                       f"({100 * (k.bandwidth_fraction or 0):.1f}% of copy), {k.bytes / 1e6:.2f} MB, "
                       f"occupancy {k.occupancy}, limiter {k.limiter}")
+        if args.peer:
+            peer = torch.compile(model, mode="reduce-overhead")
+            with torch.no_grad():
+                for _ in range(5):
+                    peer(*inputs)
+                torch.cuda.synchronize()
+                with streamfuse.profile(w.name + " reduce-overhead", calls=args.calls, nvml=False) as peer_prof:
+                    for _ in range(args.calls):
+                        peer(*inputs)
+            assert peer_prof.report is not None
+            _compare(prof.report.kernels, peer_prof.report.kernels, args.calls, max(args.top, 12))
+            del peer
         del model, compiled
         torch.cuda.empty_cache()
     print(f"{suspects} suspect kernel(s) of {total} generated (below {args.floor:.0%} of copy bandwidth, "
           f">= {args.min_us} µs)")
     return 0
+
+
+def kernel_class(name: str) -> str:
+    """A kernel's class by its name: cuBLAS/CUTLASS matmuls, attention, generated (streamfuse's sf_*,
+    Inductor's triton_*), convolutions (cuDNN), the rest."""
+    low = name.lower()
+    if any(t in low for t in ("flash", "fmha", "attention", "attn")):
+        return "attention"
+    if any(t in low for t in ("gemm", "cutlass", "xmma", "cublas", "sm90_", "gemv", "matmul", "splitk")):
+        return "matmul"
+    if any(t in low for t in ("conv", "cudnn", "implicit", "winograd", "fprop", "dgrad", "wgrad")):
+        return "convolution"
+    if low.startswith(("sf_", "triton")):
+        return "generated"
+    return "other"
+
+
+def _compare(mine: list, peer: list, calls: int, top: int) -> None:
+    """Both plans' kernel time per call by class, then the peer's longest kernels (--top lists ours)."""
+    def by_class(kernels: list) -> dict[str, tuple[float, float]]:
+        out: dict[str, tuple[float, float]] = {}
+        for k in kernels:
+            us, n = out.get(kernel_class(k.name), (0.0, 0.0))
+            out[kernel_class(k.name)] = (us + k.total_us / calls, n + k.calls / calls)
+        return out
+    a, b = by_class(mine), by_class(peer)
+    print("  kernel time per call by class (µs, launches): streamfuse | reduce-overhead")
+    for cls in sorted(set(a) | set(b)):
+        (ua, na), (ub, nb) = a.get(cls, (0.0, 0.0)), b.get(cls, (0.0, 0.0))
+        print(f"    {cls:12s} {ua:9.1f} x{na:<6g} | {ub:9.1f} x{nb:<6g}  ({ua - ub:+.1f})")
+    ta, tb = sum(u for u, _ in a.values()), sum(u for u, _ in b.values())
+    print(f"    {'total':12s} {ta:9.1f}         | {tb:9.1f}          ({ta - tb:+.1f})")
+    print(f"  reduce-overhead: the {top} longest (µs per call, launches per call)")
+    for k in sorted(peer, key=lambda k: -k.total_us)[:top]:
+        print(f"    {k.total_us / calls:8.1f}  x{k.calls / calls:g}  {k.name[:100]}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Literal
 Executor = Literal["auto", "triton", "reference"]
 MatmulStrategy = Literal["auto", "triton", "cublas"]
 ConvLayout = Literal["auto", "native", "channels_last"]
+AddmmBias = Literal["auto", "addmm", "split"]
 
 
 def _default_cache_dir() -> Path:
@@ -46,6 +47,17 @@ class Config:
     linear_bias_addmm: bool = True
     """A Linear layer traced as mm + bias add (torch.export over a 3-D/4-D activation) becomes addmm,
     as AOTAutograd traces it: cuBLAS adds the bias in its GEMM epilogue (ir/mm_bias.py)."""
+    addmm_bias: AddmmBias = "auto"
+    """Where an `addmm`'s bias is added when every reader of the product is a pointwise op (which can
+    add it for free: it reads the product anyway). "addmm": by cuBLAS, in its GEMM epilogue. "split":
+    the product runs as `mm` and the readers' kernel adds the bias, as Inductor does: cuBLAS then
+    picks its kernel for a plain product (split-K where the output tiles are too few to fill the
+    GPU), which its bias epilogue can rule out (GPT-2's 3072 -> 768 projection at 8x128 tokens: run
+    90). "auto": on CUDA with `autotune`, both products are timed once per shape, dtype and TF32
+    setting (cached in cache_dir) and mm kept where it is faster by `addmm_split_margin`; otherwise
+    addmm (convnext_tiny's Linear layers ran 10% faster as addmm in run 83)."""
+    addmm_split_margin: float = 0.05
+    """Fraction by which `mm` must beat `addmm` for addmm_bias="auto" to split (timing noise)."""
     conv_bias_epilogue: bool = True
     """A convolution's bias is added by the pointwise kernel after it instead of by ATen, which adds
     it in a kernel of its own after cuDNN's (ir/conv_bias.py): where every reader is pointwise."""
@@ -67,13 +79,13 @@ class Config:
     per element beyond one evaluation of each is refused (fusion/geometry.py). One 3x3 pool over a
     bias + ReLU epilogue recomputes 32; GoogLeNet's two pools over a 4-way cat recomputed 1,369, and
     that kernel took 496 µs on the H200 where the unfused kernels take a few."""
-    concat_branches_from: int = 0
+    concat_branches_from: int = 5
     """A cat of at least this many inputs (0: never), in a pointwise kernel, reads each input in a
     branch of its own that only the programs whose block reaches that input take, and selects into
     one accumulator: per element one load instead of one masked load per input, and registers that
     do not grow with the inputs (densenet121's layers read a cat of up to 32; the occupancy estimate
-    refused 41 fusions there). Off until measured on a GPU: each program pays two block-wide
-    reductions for its range along the cat dim."""
+    refused 41 fusions there). Each program pays two block-wide reductions for its range along the
+    cat dim. Run 89 (H200, densenet121): 1337.7 -> 1208.5 µs at batch 1, 7204.6 -> 5249.4 at batch 32."""
     max_persistent_reduction: int = 16384
     """Largest reduced extent (elements per row) kept in registers in one pass; larger
     reductions run through ATen (recorded as a refusal)."""
@@ -288,6 +300,10 @@ class Config:
                              f"got {buckets!r}")
         if self.matmul_strategy not in ("auto", "triton", "cublas"):
             raise ValueError(f"Config.matmul_strategy must be 'auto', 'triton' or 'cublas', got {self.matmul_strategy!r}")
+        if self.addmm_bias not in ("auto", "addmm", "split"):
+            raise ValueError(f"Config.addmm_bias must be 'auto', 'addmm' or 'split', got {self.addmm_bias!r}")
+        if not 0.0 <= self.addmm_split_margin < 1.0:
+            raise ValueError(f"Config.addmm_split_margin must be in [0, 1), got {self.addmm_split_margin}")
         if self.conv_layout not in ("auto", "native", "channels_last"):
             raise ValueError(f"Config.conv_layout must be 'auto', 'native' or 'channels_last', got {self.conv_layout!r}")
         if not 0.0 <= self.conv_layout_margin < 1.0:

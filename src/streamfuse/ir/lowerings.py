@@ -6,6 +6,7 @@ capture (they go through prims or mutating ops), rewritten into ops the planner 
 - training dropout -> philox_rand >= p selects x / (1 - p) (ir/rng.py), so it fuses
 - max_pool2d_with_indices with its indices unread -> streamfuse.max_pool2d (a WINDOW op, generated)
 - constant_pad_nd padding by nothing -> clone (fused)
+- any (every overload) -> amax of the input as 0/1 float32, > 0 (a reduction, fused)
 """
 
 from __future__ import annotations
@@ -190,6 +191,33 @@ def _lower_zero_pad(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any
                  strides=tuple(val.stride()))
 
 
+def _lower_any(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """any over dims -> amax(input != 0 as 0/1 float32) > 0: a reduction the planner fuses. SDPA's math
+    path (the one bert-base takes on the GPU, its mask expanded with a stride-0 last dim) asks through
+    `_safe_softmax` whether each row is all -inf: an ATen `any` launch per layer, and the softmax
+    kernel storing a bool tensor for it, where the softmax kernel can compute it beside its own
+    max and sum."""
+    x = args[0]
+    if not isinstance(x, Node) or x.dtype is None or not x.shape:
+        return None
+    if target is aten.any.default:
+        dims: Any = None
+        keepdim = False
+    else:
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    rank = len(x.shape)
+    dims = list(range(rank)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
+    dims = sorted({d % rank for d in dims})
+    if not dims or any(x.shape[d] == 0 for d in dims) or val.dtype != torch.bool:
+        return None  # an empty reduction (False; amax would raise), or an unusual result type
+    flag = x if x.dtype == torch.bool else b.add("any_ne", aten.ne.Scalar, (x, 0), shape=x.shape, dtype=torch.bool)
+    as_float = b.add("any_float", aten._to_copy.default, (flag,), {"dtype": torch.float32}, shape=x.shape,
+                     dtype=torch.float32)
+    peak = b.add("any_max", aten.amax.default, (as_float, dims, keepdim), shape=tuple(val.shape), dtype=torch.float32)
+    return b.add("any", aten.gt.Scalar, (peak, 0), shape=tuple(val.shape), dtype=torch.bool)
+
+
 LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     # a lowering returns None to leave the op as recorded
     aten.max_pool2d_with_indices.default: _lower_max_pool2d,
@@ -202,4 +230,7 @@ LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     aten.bernoulli.p: _lower_bernoulli,
     aten.native_dropout.default: _lower_dropout,
     aten.constant_pad_nd.default: _lower_zero_pad,
+    aten.any.default: _lower_any,
+    aten.any.dim: _lower_any,
+    aten.any.dims: _lower_any,
 }

@@ -13,6 +13,14 @@ with the same number of launches (run 83), the plans differing in this alone.
 where the bias is a 1-D [N] tensor over the product's last dim (or a view of one with leading
 ones), every dtype is the same, the add has no alpha, and nothing else reads the `mm` or its view.
 addmm computes the same sum (the product's value plus the bias, in the product's dtype).
+
+The other way (`split_addmm`, Config.addmm_bias): an addmm whose every reader is a pointwise op
+becomes `mm` and an add of the bias, which the readers' kernel computes as it reads the product:
+
+    addmm(bias, a, b)  ->  add(mm(a, b), bias)
+
+cuBLAS then chooses its kernel for a plain product; which of the two is faster depends on the shape
+(tune/addmm_split.py times them).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import torch
 from streamfuse.ir.fold import fresh_name, replace_uses
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.lowerings import Builder
+from streamfuse.ir.ops import OpKind
 
 _MM = "aten.mm.default"
 _ADD = "aten.add.Tensor"
@@ -79,3 +88,53 @@ def _match(add: Node, outputs: set[Node]) -> tuple[Node, Node, Node] | None:
             continue
         return mm, view, bias
     return None
+
+
+_ADDMM = "aten.addmm.default"
+_VIEW_KINDS = (OpKind.VIEW, OpKind.BROADCAST)
+
+
+def split_candidates(graph: Graph) -> list[Node]:
+    """The addmm nodes `split_addmm` may rewrite: a 1-D [N] bias, no alpha or beta, 2-D floating
+    operands of one dtype, and every reader (through views) a pointwise op; nothing of it a graph
+    output (a product the caller or a backward reads is stored as it is)."""
+    outputs = set(graph.output_nodes)
+
+    def pointwise_readers(node: Node) -> bool:
+        if node in outputs or not node.users:
+            return False
+        return all(pointwise_readers(u) if u.kind in _VIEW_KINDS else u.kind is OpKind.POINTWISE for u in node.users)
+
+    out = []
+    for n in graph.nodes:
+        if n.op != _ADDMM or n.kwargs or len(n.args) != 3 or n.dtype is None or not n.dtype.is_floating_point:
+            continue
+        bias, a, b = n.args
+        if not all(isinstance(x, Node) and x.dtype == n.dtype for x in (bias, a, b)):
+            continue
+        if len(n.shape) != 2 or bias.shape != (n.shape[1],) or len(a.shape) != 2 or len(b.shape) != 2:
+            continue
+        if pointwise_readers(n):
+            out.append(n)
+    return out
+
+
+def split_addmm(graph: Graph, nodes: list[Node]) -> int:
+    """Rewrite each of `nodes` (split_candidates) into mm + bias add, in place; returns how many."""
+    names = {n.name for n in graph.nodes}
+    build = Builder(fresh=lambda name: fresh_name(name, names), nodes=[])
+    for node in nodes:
+        bias, a, b = node.args
+        build.nodes = []
+        mm = build.add(f"{node.name}_mm", torch.ops.aten.mm.default, (a, b), shape=node.shape, dtype=node.dtype,
+                       strides=node.strides)
+        add = build.add(f"{node.name}_bias", torch.ops.aten.add.Tensor, (mm, bias), shape=node.shape,
+                        dtype=node.dtype, strides=node.strides)
+        replace_uses(graph, node, add)
+        at = graph.nodes.index(node)
+        graph.nodes[at:at + 1] = build.nodes
+    if nodes:
+        graph.link_users()
+        graph.notes.append(f"{len(nodes)} addmm bias(es) added by the pointwise kernel after the product "
+                           "(Config.addmm_bias)")
+    return len(nodes)

@@ -23,7 +23,7 @@ from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.constant_fold import fold_constants
 from streamfuse.ir.conv_bias import bias_to_epilogue
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.ir.mm_bias import bias_into_addmm
+from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
@@ -106,6 +106,16 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         fold_constants(graph, config.fold_constants_max_bytes)
     if config.linear_bias_addmm:  # mm + bias add -> addmm, the bias in cuBLAS's epilogue
         bias_into_addmm(graph)
+    if config.addmm_bias != "addmm":  # addmm -> mm, the bias added by the pointwise readers
+        split = split_candidates(graph)
+        if config.addmm_bias == "auto":
+            if device.type == "cuda" and config.autotune and executor == "triton":
+                from streamfuse.tune.addmm_split import prefer_mm
+
+                split = [n for n in split if prefer_mm(n, config, device)]
+            else:
+                split = []
+        split_addmm(graph, split)
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
     if device.type == "cuda":
         move_cpu_scalars(graph, device)
