@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [bertplan] [sdpa] [kprof] [newtests] [dense2] [split] [splitprobe] [denseplan] [dense3] [splitprobe2] [kprof2] [bert1] [compile-bf16] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -161,46 +161,24 @@ step fold-on 560 streamfuse bench --suite models --models convnext,swin --batch 
 step dense 560 bash -c 'for m in 0 5; do streamfuse bench --suite models --models densenet --batch all --dtype float32 \
   --modes $([ $m = 5 ] && echo eager,compile-ro,streamfuse,sf-backend || echo streamfuse) --reps 20 \
   --set concat_branches_from=$m --out "$0/dense-$m"; done; python3 -m pytest -q -p no:logging tests/test_concat.py' "$OUT"
-# session 22's lead: bert-base's GPU plan has 7 more launches per layer than its CPU plan (221 against 125
-# at 8x128); its explain() on the GPU names them (gpt2 prefill beside it: 100 on both devices)
-step bertplan 150 python3 -c 'import torch, streamfuse
-from streamfuse.bench import models as bm
-for name in ("bert-base", "gpt2 prefill"):
-    spec = [s for s in bm.MODELS if s.name == name][0]
-    torch.manual_seed(0)
-    m = spec.build(False).eval().cuda()
-    x = bm.make_inputs(spec, m, 8, False, torch.device("cuda"), torch.float32, 0)
-    with torch.no_grad():
-        print(streamfuse.compile(m, x).explain(), flush=True)'
-# session 23: why bert-base's GPU plan runs attention as the math path (bmm, softmax, bmm) where gpt2
-# prefill's runs efficient attention: SDPA's own verdicts, in eager and while streamfuse traces it
-step sdpa 120 python3 scripts/probe_sdpa.py
 # session 23: where gpt2 prefill and bert-base lose to reduce-overhead at 8x128 (0.90x, 0.93x in run 88),
 # and densenet121 at batch 32 (0.78x in run 89):
 # both plans profiled on the same inputs, kernel time per call by class and the longest kernels of each
 step kprof 300 python3 benchmarks/kernel_bandwidth.py --models prefill,bert,densenet --batch throughput --top 25 --peer
 # session 23's changes on the GPU: the tests of chunked cats, `any` as a reduction and the addmm split;
-# densenet121 with cats walked in chunks beside reduce-overhead; the timings addmm_bias="auto" decides
-# by, per shape; gpt2 prefill and bert-base at 8x128 (below reduce-overhead in run 88) with it and with
-# `any` fused (bert)
+# densenet121 with cats walked in chunks beside reduce-overhead; gpt2 prefill and bert-base at 8x128
+# (below reduce-overhead in run 88) with addmm_bias="auto" and, for bert, `any` fused
 step newtests 120 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_concat.py tests/test_any.py \
   tests/test_mm_bias.py
 step dense2 230 streamfuse bench --suite models --models densenet --batch all --dtype float32 --modes $MODES_RO \
   --reps 20 --out "$OUT/dense2"
-step splitprobe 120 python3 scripts/probe_addmm.py
 step split 330 streamfuse bench --suite models --models prefill,bert --batch throughput --dtype float32 --modes $MODES_RO \
   --reps 20 --out "$OUT/split"
-# densenet121's 62 ATen elementwise launches per call at batch 32 (run 90's profile, 291 µs; none in
-# reduce-overhead's): the GPU plan's activation layout and what each convolution does with its layouts
-step denseplan 120 python3 scripts/probe_denseplan.py 32
-# after run 91: the chunked-walk test again (run 91 failed it on cuDNN's TF32, fixed in the test);
-# densenet121 at batch 32 beside reduce-overhead (dense2 did not reach it); "auto"'s addmm/mm timings
-# for convnext_tiny and vit_b_16 at batch 1; gpt2 prefill at 8x128 profiled beside reduce-overhead
-# with TF32 on, as the suite times it (0.90x; kprof was TF32 off); bert-base and roberta at batch 1
+# after run 91: densenet121 at batch 32 beside reduce-overhead (dense2 did not reach it); gpt2 prefill
+# at 8x128 profiled beside reduce-overhead with TF32 on, as the suite times it (0.90x; kprof was TF32 off); bert-base and roberta at batch 1
 # with `any` fused
 step dense3 200 streamfuse bench --suite models --models densenet --batch throughput --dtype float32 --modes $MODES_RO \
   --reps 20 --out "$OUT/dense3"
-step splitprobe2 90 python3 scripts/probe_addmm.py convnext_tiny:1 vit_b_16:1
 step kprof2 120 python3 benchmarks/kernel_bandwidth.py --models prefill --batch throughput --top 25 --peer --tf32
 step bert1 200 streamfuse bench --suite models --models bert-base,roberta --batch 1 --dtype float32 --modes $MODES_RO \
   --reps 20 --out "$OUT/bert1"
@@ -256,14 +234,9 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/netlayout.txt" ] && tail -15 "$OUT/netlayout.txt"
 [ -f "$OUT/fuzzfail.txt" ] && { grep -E "^E |Error|Falsifying|FAILED|passed|failed" "$OUT/fuzzfail.txt" | head -60; tail -3 "$OUT/fuzzfail.txt"; }
-[ -f "$OUT/splitprobe2.txt" ] && grep -vE "Warning|warn" "$OUT/splitprobe2.txt" | tail -20
 [ -f "$OUT/kprof2.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof2.txt" | tail -60
-[ -f "$OUT/denseplan.txt" ] && tail -12 "$OUT/denseplan.txt"
 [ -f "$OUT/newtests.txt" ] && tail -6 "$OUT/newtests.txt"
-[ -f "$OUT/splitprobe.txt" ] && grep -vE "Warning|warn" "$OUT/splitprobe.txt" | tail -40
-[ -f "$OUT/sdpa.txt" ] && grep -vE "^\s*$" "$OUT/sdpa.txt" | tail -30
 [ -f "$OUT/kprof.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof.txt" | tail -120
-[ -f "$OUT/bertplan.txt" ] && grep -E "^streamfuse plan|^k[0-9]+_" "$OUT/bertplan.txt" | head -80
 [ -f "$OUT/lnfail.txt" ] && tail -80 "$OUT/lnfail.txt"
 [ -f "$OUT/netcheck.txt" ] && { grep -E "FAILED|ERROR" "$OUT/netcheck.txt" | head -20; tail -5 "$OUT/netcheck.txt"; }
 [ -f "$OUT/optimizer.txt" ] && tail -12 "$OUT/optimizer.txt"

@@ -106,6 +106,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         fold_constants(graph, config.fold_constants_max_bytes)
     if config.linear_bias_addmm:  # mm + bias add -> addmm, the bias in cuBLAS's epilogue
         bias_into_addmm(graph)
+    clock = StageClock()
     if config.addmm_bias != "addmm":  # addmm -> mm, the bias added by the pointwise readers
         split = split_candidates(graph)
         if config.addmm_bias == "auto":
@@ -116,6 +117,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
             else:
                 split = []
         split_addmm(graph, split)
+    clock.lap("addmm timing")
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
     if device.type == "cuda":
         move_cpu_scalars(graph, device)
@@ -123,7 +125,6 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         bias_to_epilogue(graph)  # ATen adds a cuDNN convolution's bias in a kernel of its own
     # 1. how each matmul runs (cost model on the device's ceilings, or measured), which nodes share
     #    a kernel, and why others do not
-    clock = StageClock()
     ceilings = ceilings_for(device if device.type == "cuda" else None, config.cache_dir, config.calibrate)
     clock.lap("calibration")
     if on_gpu and config.profile_guided:

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from streamfuse.config import Config
 from streamfuse.ir.graph import Node
 from streamfuse.profile.timing import time_graph_us
-from streamfuse.tune.autotune import load_cache, random_operand, store_cache
+from streamfuse.tune.autotune import load_cache, random_operand, store_cache, time_aten
 
 
 def cache_key(node: Node, device: torch.device) -> str:
@@ -29,12 +29,14 @@ def cache_key(node: Node, device: torch.device) -> str:
 
 
 def time_both(node: Node, device: torch.device) -> tuple[float, float]:
-    """(addmm µs, mm µs) on random operands with the node's shapes and strides."""
-    bias, a, b = node.args
-    assert isinstance(bias, Node) and isinstance(a, Node) and isinstance(b, Node)
+    """(addmm µs, mm µs) on random operands with the node's shapes and strides (the addmm timed as
+    the profile-guided choice times any ATen contraction: autotune.time_aten)."""
+    _, a, b = node.args
+    assert isinstance(a, Node) and isinstance(b, Node)
     with unset_fake_temporarily():
-        tb, ta, tm = (random_operand(x, device) for x in (bias, a, b))
-        return time_graph_us(lambda: torch.addmm(tb, ta, tm)), time_graph_us(lambda: torch.mm(ta, tm))
+        ta, tb = random_operand(a, device), random_operand(b, device)
+        mm_us = time_graph_us(lambda: torch.mm(ta, tb))
+    return time_aten(node, device), mm_us
 
 
 def prefer_mm(node: Node, config: Config, device: torch.device) -> bool:
