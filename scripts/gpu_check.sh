@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -182,6 +182,40 @@ step dense3 200 streamfuse bench --suite models --models densenet --batch throug
 step kprof2 120 python3 benchmarks/kernel_bandwidth.py --models prefill --batch throughput --top 25 --peer --tf32
 step bert1 200 streamfuse bench --suite models --models bert-base,roberta --batch 1 --dtype float32 --modes $MODES_RO \
   --reps 20 --out "$OUT/bert1"
+# session 24: the whole GPU-marked suite (not run since session 23's changes); where gpt2 prefill's call
+# is idle at 8x128 (0.90x of reduce-overhead with kernel time below it: run 92), one call's timeline
+# with the defaults, one stream, no PDL, and both, beside reduce-overhead's; the tuner's timings of
+# every candidate tile for bfloat16 products (convnext, vit, bert at both batches: 22 of convnext's
+# 27.5 s cold compile was tuning in run 92), kept in tiles-autotune.json to prune its search by
+step gputests 300 python3 -m pytest -q -n 8 -m gpu -W ignore -p no:logging --tb=short tests
+step gaps 300 python3 benchmarks/timeline_gaps.py --models prefill --batch throughput --tf32 --peer \
+  --variant max_streams=1 --variant pdl=false --variant max_streams=1,pdl=false --json "$OUT/gaps.json"
+step tiles 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models convnext,vit_b,bert-base \
+  --batch all --dtype bfloat16; cp "$c/streamfuse/autotune.json" "$0/tiles-autotune.json"' "$OUT"
+# after run 93 (gpt2 prefill's fc product in the template: 58 µs against cuBLAS's 26 + a 5.5 µs GELU;
+# densenet121 converting 58 live 3x3 weights to channels_last on every call): the GPU tests by name
+# (run 93's one failure was cut off before its name), then gpt2 prefill and bert-base at 8x128 and
+# densenet121 at both batches with Config.check_templates and the weights converted once, beside
+# reduce-overhead
+step gputests2 330 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
+step check 300 streamfuse bench --suite models --models prefill,bert-base --batch throughput --dtype float32 \
+  --modes $MODES_RO --reps 20 --out "$OUT/check"
+step check-dense 300 streamfuse bench --suite models --models densenet --batch all --dtype float32 \
+  --modes $MODES_RO --reps 20 --out "$OUT/check-dense"
+# the vision models whose Linear + GELU products the cost model gives the template in float32 with
+# TF32 (convnext_tiny, vit_b_16), at batch 32 beside reduce-overhead, with Config.check_templates
+step check-vit 300 streamfuse bench --suite models --models convnext,vit_b --batch throughput --dtype float32 \
+  --modes $MODES_RO --reps 20 --out "$OUT/check-vit"
+# run 94's failure (addmm timings in the tuner's cache, which the test took for tile entries) and the
+# GPU tests of session 24's changes
+step newtests2 120 python3 -m pytest -v -n 6 -m gpu -W ignore -p no:logging --tb=short tests/test_tune.py \
+  tests/test_conv_layout.py tests/test_matmul.py
+# after run 95: convnext_tiny at batch 32 (0.79x of reduce-overhead, first measured there) profiled
+# beside reduce-overhead with TF32 as the suite times it; densenet121 at batch 32 (check-dense ran out
+# of time after batch 1) beside reduce-overhead only
+step kprof-convnext 150 python3 benchmarks/kernel_bandwidth.py --models convnext --batch throughput --top 25 --peer --tf32
+step dense32 150 streamfuse bench --suite models --models densenet --batch throughput --dtype float32 \
+  --modes compile-ro,streamfuse --reps 20 --out "$OUT/dense32"
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
 step backend-host 120 python3 benchmarks/backend_host.py
@@ -234,6 +268,16 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/replay.txt" ] && tail -15 "$OUT/replay.txt"
 [ -f "$OUT/netlayout.txt" ] && tail -15 "$OUT/netlayout.txt"
 [ -f "$OUT/fuzzfail.txt" ] && { grep -E "^E |Error|Falsifying|FAILED|passed|failed" "$OUT/fuzzfail.txt" | head -60; tail -3 "$OUT/fuzzfail.txt"; }
+[ -f "$OUT/gputests.txt" ] && { grep -E "FAILED|ERROR" "$OUT/gputests.txt" | head -20; tail -3 "$OUT/gputests.txt"; }
+[ -f "$OUT/gaps.txt" ] && cat "$OUT/gaps.txt"
+[ -f "$OUT/gputests2.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/gputests2.txt" | head -40; tail -3 "$OUT/gputests2.txt"; }
+[ -f "$OUT/newtests2.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/newtests2.txt" | head -30; tail -3 "$OUT/newtests2.txt"; }
+[ -f "$OUT/check.txt" ] && tail -40 "$OUT/check.txt"
+[ -f "$OUT/check-dense.txt" ] && tail -40 "$OUT/check-dense.txt"
+[ -f "$OUT/check-vit.txt" ] && tail -40 "$OUT/check-vit.txt"
+[ -f "$OUT/dense32.txt" ] && tail -20 "$OUT/dense32.txt"
+[ -f "$OUT/kprof-convnext.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-convnext.txt" | tail -70
+[ -f "$OUT/tiles.txt" ] && grep -E "s =|first compile|Error" "$OUT/tiles.txt"
 [ -f "$OUT/kprof2.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof2.txt" | tail -60
 [ -f "$OUT/newtests.txt" ] && tail -6 "$OUT/newtests.txt"
 [ -f "$OUT/kprof.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof.txt" | tail -120

@@ -73,17 +73,53 @@ def test_a_channels_last_result_read_only_by_generated_kernels_is_not_converted_
     assert step.convert_back and alone(x).is_contiguous()
 
 
-def test_channels_last_conv_reads_a_live_weight_on_every_call(config, device) -> None:  # type: ignore[no-untyped-def]
+def test_channels_last_conv_converts_a_live_weight_once_and_again_after_it_changes(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A live 3x3 weight is converted once into the step's buffer, and again at the first call after
+    an in-place change (its version counter moved), replays of the recorded graph included; a 1x1
+    weight is channels_last already and is read where it is."""
     torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Conv2d(8, 6, 3, padding=1), torch.nn.ReLU()).eval().to(device)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 6, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(6, 4, 1)).eval().to(device)
     x = torch.randn(2, 8, 10, 10, device=device)
     compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="channels_last"))
-    (step,) = conv_steps(compiled)
-    assert step.weight is None  # a parameter the caller may change: converted per call
+    three, one = conv_steps(compiled)
+    assert three.source is model[0].weight and three.weight is not None
+    assert three.weight.data_ptr() != model[0].weight.data_ptr()
+    assert one.source is None and one.weight is not None and one.weight.data_ptr() == model[2].weight.data_ptr()
+    assert compiled.base.converted_weights == [three]
+    with torch.no_grad():
+        for _ in range(3):  # step by step, then recorded and replayed where CUDA graphs are on
+            torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+        before = three.weight.clone()
+        model[0].weight.mul_(-0.5)
+        model[2].weight.add_(0.25)
+        torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+        torch.testing.assert_close(three.weight, -0.5 * before)
+        torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+        torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+
+
+def test_the_backend_converts_bound_weights_once_and_sees_in_place_changes(config, device) -> None:  # type: ignore[no-untyped-def]
+    """torch.compile(backend="streamfuse") binds an inference graph's parameters as constants: its
+    channels_last convolutions hold converted copies too, refreshed after an in-place change."""
+    import streamfuse.capture.backend as backend_module
+
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 6, 3, padding=1), torch.nn.ReLU()).eval().to(device)
+    x = torch.randn(2, 4, 9, 9, device=device)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config.replace(conv_layout="channels_last")))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
-        model[0].weight.mul_(-0.5)
-        torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+        plan = backend_module.compiled_graphs[-1].compiled
+        assert plan is not None
+        (step,) = conv_steps(plan)
+        assert step.source is not None and plan.base.converted_weights == [step]
+        for _ in range(3):
+            model[0].weight.add_(torch.randn_like(model[0].weight))
+            torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+    torch._dynamo.reset()
 
 
 def test_native_layout_and_ineligible_convolutions_keep_the_recorded_step(config, device) -> None:  # type: ignore[no-untyped-def]

@@ -170,6 +170,13 @@ def test_autotuning_picks_a_correct_tile_and_caches_it(config) -> None:  # type:
     key = next(k for k in autotune.load_cache(config.cache_dir) if source.fn_name in k)
     tried = autotune.load_cache(config.cache_dir)[key]["tried"]
     assert len(tried) >= 8 and min(v for v in tried.values() if v is not None) == pytest.approx(us)
+    # give_up_us below the heuristic tile's time: that tile back, untuned and not cached
+    fresh = config.replace(cache_dir=config.cache_dir / "fresh")
+    quick, quick_us = autotune.tune_matmul(group, compiled.sources[group.id], kernel, fresh, torch.device("cuda"),
+                                           give_up_us=0.0)
+    heuristic = autotune.heuristic_tile(group, fresh)
+    assert math.isfinite(quick_us) and quick.constexprs == autotune.with_tile(source, group, heuristic).constexprs
+    assert not autotune.load_cache(fresh.cache_dir)
     # a tile whose results disagree with the expected ones scores as infinitely slow
     args = autotune.kernel_args(source, torch.device("cuda"))
     wrong = [torch.full_like(t, 7.0) for t in autotune._outputs(source, args)]
@@ -210,6 +217,54 @@ def test_profile_guided_measures_both_strategies(config) -> None:  # type: ignor
     assert choice.cublas_us > 0 and choice.triton_us > 0
     expected = GroupKind.MATMUL if choice.strategy == "triton" else GroupKind.ATEN
     assert _kinds(compiled)[0] is expected
+
+
+@pytest.mark.parametrize("template_us,cublas_us,expected", [(5.0, 40.0, "triton"), (58.0, 26.0, "cublas")])
+def test_checked_templates_go_to_cublas_where_it_measured_faster(template_us: float, cublas_us: float, expected: str,
+                                                                monkeypatch, config) -> None:  # type: ignore[no-untyped-def]
+    """Config.check_templates: a product the cost model gave the template is tuned as planned and
+    cuBLAS is timed alone; the measured decision replaces the prediction, and the plan made again
+    from it runs the product through cuBLAS and the epilogue in a kernel of its own where cuBLAS
+    won (the GPU timings stubbed here with GPT-2's run-93 numbers; the GPU test times them)."""
+    from streamfuse.fusion.planner import plan_fusion
+    from streamfuse.tune import autotune
+
+    bf16 = torch.bfloat16
+    lin = torch.nn.Linear(64, 96).to(dtype=bf16)
+    compiled = compile_and_check(lambda x: F.gelu(lin(x)), [randn(32, 64, dtype=bf16)], config.replace(
+        triton_matmul_efficiency=2.0))  # the model predicts the template
+    (node, predicted), = compiled.plan.matmul_choices.items()
+    assert predicted.strategy == "triton" and not predicted.measured
+    timed: list[str] = []
+    monkeypatch.setattr(autotune, "tune_matmul", lambda g, src, *a, **k: (timed.append(g.name), (src, template_us))[1])
+    monkeypatch.setattr(autotune, "aten_us", lambda n, *a: cublas_us)
+    choices, changed = autotune.check_templates(compiled.plan, compiled.plan.matmul_choices, config,
+                                                compiled.base.ceilings, torch.device("cpu"), lambda src: None)
+    assert len(timed) == 1 and changed == (expected == "cublas")
+    assert choices[node].measured and choices[node].strategy == expected
+    assert (choices[node].triton_us, choices[node].cublas_us) == (template_us, cublas_us)
+    plan = plan_fusion(compiled.plan.graph, config, choices)
+    kinds = [g.kind for g in plan.groups if g.kind is not GroupKind.ALIAS]
+    assert kinds == ([GroupKind.MATMUL] if expected == "triton" else [GroupKind.ATEN, GroupKind.POINTWISE])
+    # nothing predicted for the template, or a strategy forced: nothing is timed
+    timed.clear()
+    forced = config.replace(matmul_strategy="triton")
+    assert autotune.check_templates(compiled.plan, compiled.plan.matmul_choices, forced, compiled.base.ceilings,
+                                    torch.device("cpu"), lambda src: None) == (compiled.plan.matmul_choices, False)
+    assert not timed
+
+
+@pytest.mark.gpu
+def test_checked_templates_are_measured_on_the_gpu(config) -> None:  # type: ignore[no-untyped-def]
+    """The default config on the GPU: a predicted template for a bf16 Linear + GELU is timed against
+    cuBLAS (the model made to predict the template), and whichever runs matches eager."""
+    lin = torch.nn.Linear(512, 768).to(device="cuda", dtype=torch.bfloat16)
+    compiled = compile_and_check(lambda t: F.gelu(lin(t)), [randn(64, 512, dtype=torch.bfloat16, device="cuda")],
+                                 config.replace(autotune=True, check_templates=True, triton_matmul_efficiency=2.0))
+    (choice,) = compiled.plan.matmul_choices.values()
+    assert choice.measured and choice.reason.startswith("measured") and choice.cublas_us > 0 and choice.triton_us > 0
+    assert _kinds(compiled)[0] is (GroupKind.MATMUL if choice.strategy == "triton" else GroupKind.ATEN)
+    assert "template check" in compiled.stats["compile_stages_s"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

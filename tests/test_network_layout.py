@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import streamfuse
+from streamfuse.fusion.groups import GroupKind
 from streamfuse.runtime.steps import ChannelsLastConvStep
 from streamfuse.tune.conv_layout import eligible, measure_layout
 from streamfuse.ir.indexing import channels_last_strides
@@ -179,18 +180,37 @@ def test_auto_keeps_the_network_layout_only_when_its_convolutions_win_by_the_mar
         assert choices is per_conv and "chosen per convolution (measured" in layout.describe()
 
 
-def test_a_traced_channels_last_store_keeps_the_row_major_walk(config, device) -> None:  # type: ignore[no-untyped-def]
-    """Only the network layout changes a kernel's walk: a result the trace recorded channels_last
-    (a permuted view made contiguous) is stored so, walked row-major as before."""
+def test_a_result_the_trace_stored_permuted_is_walked_in_its_memory_order(config, device) -> None:  # type: ignore[no-untyped-def]
+    """Config.walk_stored_order: a result the trace recorded in a dense non-row-major layout (a
+    permuted view made contiguous, convnext's permute back scaled and added, a transposed 3-D or 5-D
+    result) is stored so, its kernel walking that memory order; off, the walk stays row-major. Both
+    match eager, with eager's strides."""
 
     def f(x: torch.Tensor) -> torch.Tensor:
         y = (x * 2).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
         return torch.relu(y) + 1
 
-    x = torch.randn(2, 5, 3, 7, device=device)
-    compiled = streamfuse.compile(f, (x,), config.replace(conv_layout="channels_last"))
-    assert all(g.walk is None for g in compiled.plan.groups)
-    torch.testing.assert_close(compiled(x), f(x))
+    def g(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:  # convnext: b is [N, H, W, C]
+        return b.permute(0, 3, 1, 2) * 0.5 + a.permute(0, 3, 1, 2)
+
+    def h(t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(t.transpose(1, 2)) * 3
+
+    def k(v: torch.Tensor) -> torch.Tensor:
+        return v.permute(0, 2, 4, 1, 3).contiguous().permute(0, 3, 1, 4, 2) - 0.25
+
+    cases = [(f, (torch.randn(2, 5, 3, 7, device=device),), (0, 2, 3, 1)),
+             (g, (torch.randn(2, 3, 5, 6, device=device), torch.randn(2, 3, 5, 6, device=device)), (0, 2, 3, 1)),
+             (h, (torch.randn(3, 7, 5, device=device),), (0, 2, 1)),
+             (k, (torch.randn(2, 3, 4, 5, 3, device=device),), (0, 2, 4, 1, 3))]
+    for fn, inputs, order in cases:
+        for on in (True, False):
+            compiled = streamfuse.compile(fn, inputs, config.replace(walk_stored_order=on))
+            walks = {gr.walk for gr in compiled.plan.groups if gr.kind is GroupKind.POINTWISE}
+            assert walks == ({order} if on else {None}), (fn.__name__, walks)
+            out, ref = compiled(*inputs), fn(*inputs)
+            torch.testing.assert_close(out, ref)
+            assert out.stride() == ref.stride(), fn.__name__
 
 
 class RandomConvNet(nn.Module):

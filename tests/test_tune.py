@@ -199,7 +199,10 @@ def test_measure_gives_plausible_figures_and_caches_them(tmp_path: Path) -> None
     assert 1000 <= c.copy_gbps <= 10000, c
     assert c.matmul_tflops["bfloat16"] > c.matmul_tflops["float32"] > 1, c
     assert c.matmul_tflops["float16"] > c.matmul_tflops["float32"], c
-    assert 0 < c.graph_kernel_us < c.launch_us < 100, c
+    # each launch's cost in a plausible range; their order (a graph's kernel cheaper than an eager
+    # launch on an idle GPU) is not asserted: with other tests on the GPU, run 95 measured 2.7 µs
+    # per graph kernel against 2.0 per eager launch
+    assert 0 < c.graph_kernel_us < 100 and 0 < c.launch_us < 100, c
     assert took < 30, took  # a few seconds on an H200
 
     path = cache_path(tmp_path, c.name)
@@ -239,7 +242,8 @@ def test_parallel_plans_tune_their_products_beside_copies_of_themselves(tmp_path
         for out, m, x in zip(alone(*xs), models, xs, strict=True):
             torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
     assert set(par.compiled.base.schedule.concurrency.values()) == {4}
-    entries = json.loads((tmp_path / "autotune.json").read_text())
+    # the tile entries (the cache also keeps addmm/mm timings of Config.addmm_bias="auto")
+    entries = {k: v for k, v in json.loads((tmp_path / "autotune.json").read_text()).items() if "tile" in v}
     shared = [k for k in entries if k.endswith("|x4")]
     assert shared and len(entries) == 2 * len(shared)  # each product tuned both ways
     assert all(v["us"] > 0 for v in entries.values())

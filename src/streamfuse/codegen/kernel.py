@@ -32,6 +32,7 @@ from streamfuse.ir.indexing import (
     concat_parts,
     contiguous_strides,
     delinearize,
+    dense_order,
     linearize,
     pool_params,
     view_input_index,
@@ -173,17 +174,7 @@ def store_strides(node: Node) -> tuple[int, ...] | None:
     tensor has the layout the traced graph recorded and the ATen ops after it (views above all)
     see what they saw at trace time; None for row-major (or a layout with gaps or overlaps, which
     a fresh tensor never needs)."""
-    shape, strides = node.shape, node.strides
-    if len(strides) != len(shape) or strides == contiguous_strides(shape):
-        return None
-    dims = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
-    expected = 1
-    for d in reversed(dims):
-        if strides[d] != expected:
-            return None
-        expected *= shape[d]
-    live = [d for d in range(len(shape)) if shape[d] != 1]
-    return None if [strides[d] for d in live] == [contiguous_strides(shape)[d] for d in live] else strides
+    return tuple(node.strides) if dense_order(node.shape, node.strides) is not None else None
 
 
 def store_offset(index: Index, node: Node) -> Expr:
@@ -213,7 +204,7 @@ def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset:
         em.lines.append(f"mask = offs < {n}")
     else:
         em.full_masks.add("mask")
-    order = group.walk  # (set by the network layout; every output has the domain's shape)
+    order = group.walk  # (the network layout's or the stored order; every output has the domain's shape)
     chunk = cat_chunk(group, em.branch_cats_from)
     if chunk is not None:  # the cat dim, innermost in memory, walked in chunks of q (cat_chunk)
         dim, q = chunk
@@ -232,7 +223,8 @@ def _pointwise_body(em: Emitter, group: Group, block: int, pid: str, out_offset:
         v = em.value(out, index)
         if chunk is not None:
             offset = store_offset(index, out).text
-        elif (store_strides(out) is None) if order is None else (memory_order(out) == order):
+        elif (store_strides(out) is None) if order is None else order in (memory_order(out),
+                                                                          dense_order(out.shape, out.strides)):
             offset = "offs"  # dense, and walked in its own memory order
         else:  # the traced layout: the element's own coordinates in the output's shape
             own = index if out.shape == tuple(group.shape) else delinearize(Expr.var("offs"), out.shape)

@@ -86,6 +86,24 @@ CHANNELS_LAST_ORDER = (0, 2, 3, 1)
 """The dims of a 4-D NCHW tensor from outermost to innermost in memory, in channels_last."""
 
 
+def dense_order(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...] | None:
+    """The dims from outermost to innermost in memory (size-1 dims first, in dim order) where
+    `strides` lay `shape` out densely in an order other than row-major (a permuted result, a
+    channels_last tensor); None for row-major, or for a layout with gaps or overlaps."""
+    if len(strides) != len(shape):
+        return None
+    ones = [d for d in range(len(shape)) if shape[d] == 1]
+    live = sorted((d for d in range(len(shape)) if shape[d] != 1), key=lambda d: -strides[d])
+    expected = 1
+    for d in reversed(live):
+        if strides[d] != expected:
+            return None
+        expected *= shape[d]
+    if live == sorted(live):
+        return None
+    return tuple(ones + live)
+
+
 def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Strides of a dense channels_last tensor of NCHW `shape`."""
     _, c, h, w = shape

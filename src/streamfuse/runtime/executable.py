@@ -17,6 +17,7 @@ import torch
 
 from streamfuse.codegen.kernel import KernelSource, generate, use_pdl
 from streamfuse.config import Config
+from streamfuse.fusion.geometry import walk_stored_order
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
@@ -135,6 +136,14 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         choices = choose_matmuls(graph, config, ceilings)
     plan = plan_fusion(graph, config, choices, sm_count)
     clock.lap("fusion planning")
+    if on_gpu and config.autotune and config.check_templates and not config.profile_guided:
+        from streamfuse.tune.autotune import check_templates
+
+        # the template's predicted products timed against cuBLAS; planned again where cuBLAS won
+        choices, changed = check_templates(plan, choices, config, ceilings, device, lambda src: _load(src, config))
+        plan = plan_fusion(graph, config, choices, sm_count) if changed else plan
+        plan.matmul_choices = choices
+        clock.lap("template check")
     # 2. each convolution's layout (measured under Config.conv_layout="auto" on CUDA; timed the way
     #    it will run: a result only generated kernels read stays channels_last), then the network's:
     #    channels_last throughout where that beats the one-by-one choice, the kernels before the
@@ -154,6 +163,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
             kept = {g.nodes[0]: channels_last_strides(g.nodes[0].shape) for g in convs
                     if conv_layouts[g.name].layout == "channels_last" and keep_cl[g.name]}
             rows_contiguous_reductions(plan, owner, kept, config, sm_count)
+    if executor == "triton" and config.walk_stored_order:
+        walk_stored_order(plan.groups)  # a result stored permuted: its kernel walks that memory order
     measured = {g.id: us for g in convs if (us := conv_layouts[g.name].measured_us) is not None}
     clock.lap("convolution layouts")
     # 3. Triton source for each generated group (always, so explain() shows it on any machine)
@@ -184,8 +195,10 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         choice = conv_layouts.get(g.name)
         if choice is not None and choice.layout == "channels_last":
             w = g.nodes[0].args[1]
-            steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if w in graph.snapshots else None,
-                                              convert_back=not keep_cl[g.name]))
+            owned = w in graph.snapshots
+            steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if owned else None,
+                                              convert_back=not keep_cl[g.name],
+                                              source=graph.constants.get(w) if not owned else None))
             continue
         if g.kind.generated and executor == "triton":
             kernel = _load(sources[g.id], config)
@@ -358,6 +371,14 @@ class Executable:
         self.use_in_place(frozenset())
         multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
         self.stream_runner = StreamRunner(self, schedule, device) if multi else None
+        self.converted_weights = [s for s in steps if isinstance(s, ChannelsLastConvStep) and s.source is not None]
+        """Convolutions holding a channels_last copy of a live weight (refresh_weights)."""
+
+    def refresh_weights(self) -> None:
+        """Convert again the live weights that changed in place since the last call (an optimizer
+        step, load_state_dict): a version-counter compare per weight (ChannelsLastConvStep)."""
+        for step in self.converted_weights:
+            step.refresh()
 
     def run(self, inputs: Sequence[Any], keep_alive: list[Any] | None = None, one_stream: bool = False) -> list[Any]:
         """Run once on already-checked inputs; returns the flat outputs. With `keep_alive` (a list),
@@ -370,6 +391,8 @@ class Executable:
             return self._run(inputs, keep_alive, one_stream)
 
     def _run(self, inputs: Sequence[Any], keep_alive: list[Any] | None, one_stream: bool) -> list[Any]:
+        if self.converted_weights:
+            self.refresh_weights()
         if self.rng is not None:
             self.rng.advance()
         env: list[Any] = [None] * len(self.graph.nodes)

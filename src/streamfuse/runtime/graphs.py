@@ -268,6 +268,8 @@ class GraphRunner:
     def __call__(self, inputs: Sequence[torch.Tensor], batch: int) -> list[Any]:
         """Copy `inputs` (batch rows, at most the padded batch) in, replay, return the outputs."""
         exact = batch == self.padded_batch
+        if self.exe.converted_weights:  # live weights changed in place: their channels_last copies too
+            self.exe.refresh_weights()
         if self.in_place:  # before anything is recorded on the call's tensors
             self._check_in_place(inputs, exact)
         if self.reuse_outputs:

@@ -27,7 +27,8 @@ from streamfuse.codegen.cache import compile_ahead
 from streamfuse.codegen.kernel import KernelSource, generate, use_pdl
 from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, heuristic_tile, with_tile
 from streamfuse.config import Config
-from streamfuse.fusion.groups import Group
+from streamfuse.fusion.groups import Group, Plan
+from streamfuse.fusion.legality import matmul_dims
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
 from streamfuse.ir.graph import Graph, Node
@@ -121,9 +122,10 @@ def _agrees(got: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
 
 
 def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config, device: torch.device,
-                progress: bool = True, concurrency: int = 1) -> tuple[KernelSource, float]:
+                progress: bool = True, concurrency: int = 1, give_up_us: float = math.inf) -> tuple[KernelSource, float]:
     """The fastest tile for this kernel (from the disk cache when known) and its time in µs; with
-    `concurrency` > 1, the fastest when that many copies run at once (time_tile's `copies`)."""
+    `concurrency` > 1, the fastest when that many copies run at once (time_tile's `copies`). Where the
+    heuristic tile alone takes more than `give_up_us`, that tile and its time (nothing tuned or cached)."""
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     tiles = candidate_tiles(group, config, sm_count)
     key = _key(source, tiles, device) + (f"|x{concurrency}" if concurrency > 1 else "")
@@ -138,7 +140,10 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
         args = kernel_args(source, device)
         reference = with_tile(source, group, heuristic_tile(group, config, sm_count))
         expected = None
-        if math.isfinite(time_tile(kernel, reference, args, None)):
+        reference_us = time_tile(kernel, reference, args, None)
+        if math.isfinite(reference_us):
+            if reference_us > give_up_us:
+                return reference, reference_us
             expected = [t.clone() for t in _outputs(reference, args)]
         candidates = [with_tile(source, group, t) for t in tiles]
         compile_ahead([(kernel, args + c.scratch_tensors(device), c.grid,
@@ -155,7 +160,8 @@ def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config,
         return with_tile(source, group, heuristic_tile(group, config, sm_count)), math.inf
     store_cache(config.cache_dir, key, {"tile": [best.block_m, best.block_n, best.block_k, best.num_warps,
                                             best.num_stages, best.group_m, best.split_k], "us": results[best],
-                                   "tried": {str(t): (None if math.isinf(v) else v) for t, v in results.items()}})
+                                   "tried": {str(t): (None if math.isinf(v) else v) for t, v in results.items()},
+                                   "problem": [*matmul_dims(group.contraction), group.contraction.itemsize]})
     return with_tile(source, group, best), results[best]
 
 
@@ -168,6 +174,18 @@ def time_aten(node: Node, device: torch.device) -> float:
         return time_graph_us(fn)
 
 
+def aten_us(node: Node, config: Config, device: torch.device) -> float:
+    """time_aten, cached on disk per device, op, operand shapes and strides, dtype and TF32 setting."""
+    operands = ";".join(f"{a.shape}{a.strides}" if isinstance(a, Node) else repr(a) for a in node.args)
+    key = (f"{torch.cuda.get_device_name(device)}|aten|{node.op}|{operands}|{node.dtype}"
+           f"|tf32={torch.backends.cuda.matmul.allow_tf32}")
+    cached = load_cache(config.cache_dir).get(key)
+    if cached is None:
+        cached = {"us": time_aten(node, device)}
+        store_cache(config.cache_dir, key, cached)
+    return float(cached["us"])
+
+
 def measure_choices(graph: Graph, config: Config, ceilings: DeviceCeilings, device: torch.device,
                     load: Callable[[KernelSource], Any]) -> dict[Node, MatmulChoice]:
     """Config.profile_guided: each supported contraction timed both ways on this GPU. The template
@@ -177,18 +195,43 @@ def measure_choices(graph: Graph, config: Config, ceilings: DeviceCeilings, devi
     # the planner follows each choice's strategy: plan with the template forced to get its groups
     forced = config.replace(matmul_strategy="triton")
     plan = plan_fusion(graph, forced, choose_matmuls(graph, forced, ceilings))
+    return {**modelled, **_measure(plan, modelled, config, ceilings, device, load)}
+
+
+def check_templates(plan: Plan, choices: dict[Node, MatmulChoice], config: Config, ceilings: DeviceCeilings,
+                    device: torch.device, load: Callable[[KernelSource], Any]
+                    ) -> tuple[dict[Node, MatmulChoice], bool]:
+    """Config.check_templates: the products `plan` runs in the template by prediction, tuned as
+    planned and timed against cuBLAS alone plus the modelled epilogue. Returns the choices with
+    those measured decisions in, and whether any went to cuBLAS (the plan must be made again)."""
+    predicted = {g.contraction for g in plan.groups if g.contraction is not None
+                 and choices[g.contraction].strategy == "triton" and not choices[g.contraction].measured}
+    if config.matmul_strategy != "auto" or not predicted:
+        return choices, False
+    measured = _measure(plan, choices, config, ceilings, device, load, only=predicted)
+    return {**choices, **measured}, any(m.strategy != "triton" for m in measured.values())
+
+
+def _measure(plan: Plan, modelled: dict[Node, MatmulChoice], config: Config, ceilings: DeviceCeilings,
+             device: torch.device, load: Callable[[KernelSource], Any],
+             only: set[Node] | None = None) -> dict[Node, MatmulChoice]:
+    """For each template group of `plan` (whose contraction is in `only`, if given): the template
+    tuned and timed with its epilogue against cuBLAS alone plus the modelled epilogue kernel."""
+    constants = plan.graph.constant_nodes()
     measured: dict[Node, MatmulChoice] = {}
     for group in plan.groups:
         node = group.contraction
-        if node is None:
+        if node is None or (only is not None and node not in only):
             continue
-        source = generate(group, config, "cuda", ceilings.sm_count, use_pdl(config, device), graph.constant_nodes())
-        _, triton_us = tune_matmul(group, source, load(source), config, device)
-        cublas_us = time_aten(node, device)
+        source = generate(group, config, "cuda", ceilings.sm_count, use_pdl(config, device), constants)
         model = modelled[node]
+        cublas_us = aten_us(node, config, device)
+        # checking a prediction: a template far behind cuBLAS with its untuned tile is not tuned
+        give_up = math.inf if only is None else config.check_templates_give_up * (cublas_us + model.epilogue_us)
+        _, triton_us = tune_matmul(group, source, load(source), config, device, give_up_us=give_up)
         measured[node] = decide(cublas_us, model.epilogue_us, triton_us, measured=True,
                                 has_epilogue=len(group.nodes) > 1, config=config)
-    return {**modelled, **measured}
+    return measured
 
 
 def _key(source: KernelSource, tiles: list[MatmulTile], device: torch.device) -> str:
