@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [gputests3] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -216,6 +216,14 @@ step newtests2 120 python3 -m pytest -v -n 6 -m gpu -W ignore -p no:logging --tb
 step kprof-convnext 150 python3 benchmarks/kernel_bandwidth.py --models convnext --batch throughput --top 25 --peer --tf32
 step dense32 150 streamfuse bench --suite models --models densenet --batch throughput --dtype float32 \
   --modes compile-ro,streamfuse --reps 20 --out "$OUT/dense32"
+# for session 25: what session 24 changed after its last device time (the stored-order walk), and
+# the suite rows it did not re-measure after check_templates and the converted weights, each beside
+# reduce-overhead; the whole GPU suite with the time it needs (runs 93-94 cut it at 240-250 s)
+step walk-check 400 streamfuse bench --suite models --models convnext,swin --batch all --dtype float32 \
+  --modes $MODES_RO --reps 20 --out "$OUT/walk-check"
+step text1 500 streamfuse bench --suite models --models prefill,bert-base,distilbert,roberta,t5,llama --batch 1 \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/text1"
+step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
 step backend-host 120 python3 benchmarks/backend_host.py
@@ -276,6 +284,8 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/check-dense.txt" ] && tail -40 "$OUT/check-dense.txt"
 [ -f "$OUT/check-vit.txt" ] && tail -40 "$OUT/check-vit.txt"
 [ -f "$OUT/dense32.txt" ] && tail -20 "$OUT/dense32.txt"
+for f in walk-check text1; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+[ -f "$OUT/gputests3.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/gputests3.txt" | head -40; tail -3 "$OUT/gputests3.txt"; }
 [ -f "$OUT/kprof-convnext.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-convnext.txt" | tail -70
 [ -f "$OUT/tiles.txt" ] && grep -E "s =|first compile|Error" "$OUT/tiles.txt"
 [ -f "$OUT/kprof2.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof2.txt" | tail -60
