@@ -289,6 +289,7 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/dense32.txt" ] && tail -20 "$OUT/dense32.txt"
 for f in walk-check text1; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/gputests3.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/gputests3.txt" | head -40; tail -3 "$OUT/gputests3.txt"; }
+[ -f "$OUT/kprof-dense32.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-dense32.txt" | tail -70
 [ -f "$OUT/kprof-convnext.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-convnext.txt" | tail -70
 [ -f "$OUT/tiles.txt" ] && grep -E "s =|first compile|Error" "$OUT/tiles.txt"
 [ -f "$OUT/kprof2.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof2.txt" | tail -60
