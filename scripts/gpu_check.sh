@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [gputests3] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [compile-pool] [gputests3] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -226,6 +226,11 @@ step text1 500 streamfuse bench --suite models --models prefill,bert-base,distil
 # session 25: densenet121 at batch 32 (0.91x of reduce-overhead in run 96, the gap in generated
 # kernels) profiled beside reduce-overhead with TF32 as the suite times it
 step kprof-dense32 150 python3 benchmarks/kernel_bandwidth.py --models densenet --batch throughput --top 30 --peer --tf32
+# session 25: the tuner's candidates of all products compiled in one pool on the CPU's cores
+# (tune_matmuls; run 95: convnext_tiny 15.8 s and vit_b_16 14.8 s against 12.2 and 9.3), cold beside
+# reduce-overhead, then warm in a new process
+step compile-pool 240 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models convnext,vit_b,bert-base \
+  --dtype bfloat16 --peer && python3 benchmarks/compile_time.py --cache "$c" --models convnext,vit_b,bert-base --dtype bfloat16'
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
@@ -289,6 +294,7 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/dense32.txt" ] && tail -20 "$OUT/dense32.txt"
 for f in walk-check text1; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/gputests3.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/gputests3.txt" | head -40; tail -3 "$OUT/gputests3.txt"; }
+[ -f "$OUT/compile-pool.txt" ] && grep -E " s =|first compile|Error|Traceback" "$OUT/compile-pool.txt"
 [ -f "$OUT/kprof-dense32.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-dense32.txt" | tail -70
 [ -f "$OUT/kprof-convnext.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-convnext.txt" | tail -70
 [ -f "$OUT/tiles.txt" ] && grep -E "s =|first compile|Error" "$OUT/tiles.txt"

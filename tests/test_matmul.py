@@ -183,6 +183,39 @@ def test_autotuning_picks_a_correct_tile_and_caches_it(config) -> None:  # type:
     assert math.isinf(autotune.time_tile(kernel, source, args, wrong))
 
 
+@pytest.mark.gpu
+def test_several_kernels_tuned_in_one_pool(config) -> None:  # type: ignore[no-untyped-def]
+    """tune_matmuls: three template kernels, two of them the same (a repeated layer), tuned together:
+    one cache entry per distinct kernel, the same tile for both copies, each result within the
+    tolerance of eager (compile_and_check), and a give-up that leaves its kernel untuned."""
+    import math
+
+    from streamfuse.tune import autotune
+
+    bf16 = torch.bfloat16
+    a, b = (torch.nn.Linear(256, 256).to(device="cuda", dtype=bf16) for _ in range(2))
+    c = torch.nn.Linear(256, 128).to(device="cuda", dtype=bf16)
+    x = randn(64, 256, dtype=bf16, device="cuda")
+    compiled = compile_and_check(lambda t: c(F.gelu(b(F.gelu(a(t))))), [x], _triton(config))
+    groups = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+    if len(groups) < 3:
+        pytest.skip(f"the plan has {len(groups)} template kernels on this GPU")
+    fresh = config.replace(cache_dir=config.cache_dir / "pool")
+    jobs = [autotune.TuneJob(g, compiled.sources[g.id], compiled.steps[compiled.plan.groups.index(g)].kernel)
+            for g in groups]
+    got = autotune.tune_matmuls(jobs, fresh, torch.device("cuda"))
+    assert len(got) == len(jobs) and all(math.isfinite(us) for _, us in got)
+    names = [j.source.fn_name for j in jobs]
+    entries = [k for k, v in autotune.load_cache(fresh.cache_dir).items() if "tile" in v]
+    assert len(entries) == len(set(names))
+    for i, j in ((i, j) for i in range(len(jobs)) for j in range(i) if names[i] == names[j]):
+        assert got[i][0].constexprs == got[j][0].constexprs and got[i][1] == got[j][1]
+    quick = config.replace(cache_dir=config.cache_dir / "quick")
+    untuned = autotune.tune_matmuls([autotune.TuneJob(j.group, j.source, j.kernel, give_up_us=0.0) for j in jobs],
+                                    quick, torch.device("cuda"))
+    assert all(math.isfinite(us) for _, us in untuned) and not autotune.load_cache(quick.cache_dir)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_bmm_with_epilogue(dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
     fn = lambda a, b, r: torch.relu(torch.bmm(a, b) * 0.5 + r)
@@ -236,7 +269,8 @@ def test_checked_templates_go_to_cublas_where_it_measured_faster(template_us: fl
     (node, predicted), = compiled.plan.matmul_choices.items()
     assert predicted.strategy == "triton" and not predicted.measured
     timed: list[str] = []
-    monkeypatch.setattr(autotune, "tune_matmul", lambda g, src, *a, **k: (timed.append(g.name), (src, template_us))[1])
+    monkeypatch.setattr(autotune, "tune_matmuls",
+                        lambda jobs, *a, **k: [(timed.append(j.group.name), (j.source, template_us))[1] for j in jobs])
     monkeypatch.setattr(autotune, "aten_us", lambda n, *a: cublas_us)
     choices, changed = autotune.check_templates(compiled.plan, compiled.plan.matmul_choices, config,
                                                 compiled.base.ceilings, torch.device("cpu"), lambda src: None)

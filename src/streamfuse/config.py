@@ -7,6 +7,7 @@ environment variables (Triton's own `TRITON_INTERPRET` aside, which Triton itsel
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,11 @@ AddmmBias = Literal["auto", "addmm", "split"]
 
 def _default_cache_dir() -> Path:
     return Path.home() / ".cache" / "streamfuse"
+
+
+def _default_compile_threads() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(32, cores))
 
 
 @dataclass(frozen=True)
@@ -190,9 +196,11 @@ class Config:
     """A convolution run in channels_last hands its result on in channels_last when only generated
     kernels read it (they take strides at launch): no conversion back to NCHW, one kernel fewer on
     its path. False always converts back."""
-    compile_threads: int = 8
-    """On CUDA, compile the plan's generated kernels ahead of the first call on this many threads
-    (runtime/precompile.py); 1 compiles them one after another, 0 leaves each to its first launch."""
+    compile_threads: int = field(default_factory=lambda: _default_compile_threads())
+    """On CUDA, compile the plan's generated kernels ahead of the first call, and the tuner's
+    candidate tiles, on this many threads (runtime/precompile.py; Triton's compiler releases the GIL,
+    so they scale with cores); 1 compiles them one after another, 0 leaves each kernel to its first
+    launch. Default: this process's CPU cores, at most 32."""
     autotune_budget_s: float = 60.0
     """Upper bound on tuning time per kernel; the candidates not reached are skipped."""
     # --- scheduling (schedule/) --------------------------------------------------------

@@ -179,13 +179,13 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     schedule = schedule_steps(plan, config, measured)
     clock.lap("stream schedule")
     if on_gpu and config.autotune:
-        from streamfuse.tune.autotune import tune_matmul
+        from streamfuse.tune.autotune import TuneJob, tune_matmuls
 
-        for i, g in enumerate(plan.groups):
-            if g.kind is GroupKind.MATMUL:
-                k = schedule.concurrency.get(i, 1) if config.autotune_concurrency else 1
-                sources[g.id], _ = tune_matmul(g, sources[g.id], _load(sources[g.id], config), config, device,
-                                               concurrency=k)
+        tuned = [(i, g) for i, g in enumerate(plan.groups) if g.kind is GroupKind.MATMUL]
+        jobs = [TuneJob(g, sources[g.id], _load(sources[g.id], config),
+                        schedule.concurrency.get(i, 1) if config.autotune_concurrency else 1) for i, g in tuned]
+        for (_, g), (source, _) in zip(tuned, tune_matmuls(jobs, config, device), strict=True):
+            sources[g.id] = source
     clock.lap("matmul tuning")
     # 5. one step per group; generated kernels are compiled (cached by content hash) when used; a
     #    convolution runs in the layout chosen above

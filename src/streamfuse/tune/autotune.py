@@ -17,6 +17,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -121,48 +122,130 @@ def _agrees(got: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
     return True
 
 
+@dataclass
+class TuneJob:
+    """One template kernel to tune: its group, source and loaded @triton.jit function; `concurrency`
+    and `give_up_us` as tune_matmul's."""
+
+    group: Group
+    source: KernelSource
+    kernel: Any
+    concurrency: int = 1
+    give_up_us: float = math.inf
+
+
+@dataclass
+class _Tuning:
+    """A job not found in the cache, while it is tuned."""
+
+    index: int
+    job: TuneJob
+    tiles: list[MatmulTile]
+    key: str
+    args: list[Any] = field(default_factory=list)
+    reference: KernelSource | None = None
+    expected: list[torch.Tensor] | None = None
+
+
 def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config, device: torch.device,
                 progress: bool = True, concurrency: int = 1, give_up_us: float = math.inf) -> tuple[KernelSource, float]:
     """The fastest tile for this kernel (from the disk cache when known) and its time in µs; with
     `concurrency` > 1, the fastest when that many copies run at once (time_tile's `copies`). Where the
     heuristic tile alone takes more than `give_up_us`, that tile and its time (nothing tuned or cached)."""
+    return tune_matmuls([TuneJob(group, source, kernel, concurrency, give_up_us)], config, device, progress)[0]
+
+
+def tune_matmuls(jobs: list[TuneJob], config: Config, device: torch.device,
+                 progress: bool = True) -> list[tuple[KernelSource, float]]:
+    """tune_matmul for several kernels at once: each kernel's heuristic tile is compiled in one
+    parallel pool, timed, and the kernels still worth tuning have all their candidate tiles compiled
+    in one more pool (Config.compile_threads threads over every kernel's candidates, not a pool per
+    kernel whose last wave leaves threads idle), then timed one kernel after another. Jobs with the
+    same source and tile space (a model's repeated layers) are tuned once."""
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    tiles = candidate_tiles(group, config, sm_count)
-    key = _key(source, tiles, device) + (f"|x{concurrency}" if concurrency > 1 else "")
-    cached = load_cache(config.cache_dir).get(key)
-    if cached is not None:
-        tile = MatmulTile(*cached["tile"])
-        return with_tile(source, group, tile), float(cached["us"])
+    found: list[tuple[MatmulTile, float] | None] = [None] * len(jobs)
+    pending: dict[str, _Tuning] = {}
+    same: list[tuple[int, str]] = []  # (job, key of the job tuned for it)
+    for i, job in enumerate(jobs):
+        tiles = candidate_tiles(job.group, config, sm_count)
+        key = _key(job.source, tiles, device) + (f"|x{job.concurrency}" if job.concurrency > 1 else "")
+        cached = load_cache(config.cache_dir).get(key)
+        if cached is not None:
+            found[i] = MatmulTile(*cached["tile"]), float(cached["us"])
+        elif key in pending:
+            same.append((i, key))
+        else:
+            pending[key] = _Tuning(i, job, tiles, key)
+    if pending:
+        with unset_fake_temporarily():  # real tensors, even when torch.compile traces with fake ones
+            _tune(list(pending.values()), found, config, device, sm_count, progress)
+    for i, key in same:
+        found[i] = found[pending[key].index]
+    results = []
+    for job, hit in zip(jobs, found, strict=True):
+        assert hit is not None
+        results.append((with_tile(job.source, job.group, hit[0]), hit[1]))
+    return results
+
+
+def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], config: Config,
+          device: torch.device, sm_count: int, progress: bool) -> None:
+    total = sum(len(t.tiles) for t in pending)
+    label = f"tuning {pending[0].job.group.name}" if len(pending) == 1 else f"tuning {len(pending)} matmuls"
+    with progress_bar(progress and total > 1, label, total) as step:
+        for t in pending:
+            t.args = kernel_args(t.job.source, device)
+            t.reference = with_tile(t.job.source, t.job.group, heuristic_tile(t.job.group, config, sm_count))
+        step(f"compiling {len(pending)} heuristic tiles", 0)
+        _compile([(t.job.kernel, t.reference, t.args) for t in pending], device, config.compile_threads)
+        tuned: list[_Tuning] = []
+        for t in pending:
+            assert t.reference is not None
+            reference_us = time_tile(t.job.kernel, t.reference, t.args, None)
+            if math.isfinite(reference_us):
+                if reference_us > t.job.give_up_us:  # not worth tuning: the heuristic tile, uncached
+                    found[t.index] = heuristic_tile(t.job.group, config, sm_count), reference_us
+                    step(f"{t.job.group.name}: not tuned", len(t.tiles))
+                    continue
+                t.expected = [x.clone() for x in _outputs(t.reference, t.args)]
+            tuned.append(t)
+        step(f"compiling {sum(len(t.tiles) for t in tuned)} candidate tiles", 0)
+        _compile([(t.job.kernel, with_tile(t.job.source, t.job.group, tile), t.args)
+                  for t in tuned for tile in t.tiles], device, config.compile_threads)
+        for t in tuned:
+            found[t.index] = _time_tiles(t, config, sm_count, step)
+            t.args, t.expected = [], None  # their memory back before the next kernel's timings
+
+
+def _compile(kernels: list[tuple[Any, KernelSource, list[Any]]], device: torch.device, threads: int) -> None:
+    """Each (kernel, source with a tile, arguments) compiled ahead in one pool."""
+    compile_ahead([(kernel, args + source.scratch_tensors(device), source.grid,
+                    {"num_warps": source.num_warps, "num_stages": source.num_stages, "launch_pdl": source.pdl,
+                     **source.constexprs}) for kernel, source, args in kernels], device, threads)
+
+
+def _time_tiles(t: _Tuning, config: Config, sm_count: int,
+                step: Callable[..., None]) -> tuple[MatmulTile, float]:
+    """Every candidate tile of `t` timed (until Config.autotune_budget_s), the fastest cached."""
+    job = t.job
     results: dict[MatmulTile, float] = {}
     start = time.perf_counter()
-    # real tensors, even when called while torch.compile traces with fake ones
-    with unset_fake_temporarily(), progress_bar(progress and len(tiles) > 1, f"tuning {group.name}", len(tiles)) as step:
-        args = kernel_args(source, device)
-        reference = with_tile(source, group, heuristic_tile(group, config, sm_count))
-        expected = None
-        reference_us = time_tile(kernel, reference, args, None)
-        if math.isfinite(reference_us):
-            if reference_us > give_up_us:
-                return reference, reference_us
-            expected = [t.clone() for t in _outputs(reference, args)]
-        candidates = [with_tile(source, group, t) for t in tiles]
-        compile_ahead([(kernel, args + c.scratch_tensors(device), c.grid,
-                        {"num_warps": c.num_warps, "num_stages": c.num_stages, "launch_pdl": c.pdl, **c.constexprs})
-                       for c in candidates], device, config.compile_threads)
-        for tile in tiles:
-            if time.perf_counter() - start > config.autotune_budget_s:
-                break
-            step(str(tile))
-            results[tile] = time_tile(kernel, with_tile(source, group, tile), args, expected, concurrency)
+    for tile in t.tiles:
+        if time.perf_counter() - start > config.autotune_budget_s:
+            break
+        step(str(tile))
+        results[tile] = time_tile(job.kernel, with_tile(job.source, job.group, tile), t.args, t.expected,
+                                  job.concurrency)
     best = min(results, key=results.__getitem__)
     if math.isinf(results[best]):
         # nothing compiled: keep the heuristic tile, whose launch will raise the real error
-        return with_tile(source, group, heuristic_tile(group, config, sm_count)), math.inf
-    store_cache(config.cache_dir, key, {"tile": [best.block_m, best.block_n, best.block_k, best.num_warps,
-                                            best.num_stages, best.group_m, best.split_k], "us": results[best],
-                                   "tried": {str(t): (None if math.isinf(v) else v) for t, v in results.items()},
-                                   "problem": [*matmul_dims(group.contraction), group.contraction.itemsize]})
-    return with_tile(source, group, best), results[best]
+        return heuristic_tile(job.group, config, sm_count), math.inf
+    store_cache(config.cache_dir, t.key, {
+        "tile": [best.block_m, best.block_n, best.block_k, best.num_warps, best.num_stages, best.group_m,
+                 best.split_k],
+        "us": results[best], "tried": {str(k): (None if math.isinf(v) else v) for k, v in results.items()},
+        "problem": [*matmul_dims(job.group.contraction), job.group.contraction.itemsize]})
+    return best, results[best]
 
 
 def time_aten(node: Node, device: torch.device) -> float:
@@ -218,20 +301,20 @@ def _measure(plan: Plan, modelled: dict[Node, MatmulChoice], config: Config, cei
     """For each template group of `plan` (whose contraction is in `only`, if given): the template
     tuned and timed with its epilogue against cuBLAS alone plus the modelled epilogue kernel."""
     constants = plan.graph.constant_nodes()
-    measured: dict[Node, MatmulChoice] = {}
-    for group in plan.groups:
+    groups = [g for g in plan.groups if g.contraction is not None and (only is None or g.contraction in only)]
+    cublas_us = {g.contraction: aten_us(g.contraction, config, device) for g in groups}
+    jobs = []
+    for group in groups:
         node = group.contraction
-        if node is None or (only is not None and node not in only):
-            continue
         source = generate(group, config, "cuda", ceilings.sm_count, use_pdl(config, device), constants)
-        model = modelled[node]
-        cublas_us = aten_us(node, config, device)
         # checking a prediction: a template far behind cuBLAS with its untuned tile is not tuned
-        give_up = math.inf if only is None else config.check_templates_give_up * (cublas_us + model.epilogue_us)
-        _, triton_us = tune_matmul(group, source, load(source), config, device, give_up_us=give_up)
-        measured[node] = decide(cublas_us, model.epilogue_us, triton_us, measured=True,
-                                has_epilogue=len(group.nodes) > 1, config=config)
-    return measured
+        give_up = (math.inf if only is None
+                   else config.check_templates_give_up * (cublas_us[node] + modelled[node].epilogue_us))
+        jobs.append(TuneJob(group, source, load(source), give_up_us=give_up))
+    timed = tune_matmuls(jobs, config, device)
+    return {g.contraction: decide(cublas_us[g.contraction], modelled[g.contraction].epilogue_us, triton_us,
+                                  measured=True, has_epilogue=len(g.nodes) > 1, config=config)
+            for g, (_, triton_us) in zip(groups, timed, strict=True)}
 
 
 def _key(source: KernelSource, tiles: list[MatmulTile], device: torch.device) -> str:

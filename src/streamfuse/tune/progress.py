@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterator
 
 
 @contextlib.contextmanager
-def progress_bar(show: bool, title: str, total: int) -> Iterator[Callable[[str], None]]:
-    """Yields step(label): call it as each of `total` items starts; nothing is shown unless `show`."""
+def progress_bar(show: bool, title: str, total: int) -> Iterator[Callable[..., None]]:
+    """Yields step(label, done=1): call it as each of `total` items starts (`done`: how many items
+    ended since the last call; 0 only relabels the bar); nothing is shown unless `show`."""
     if not show:
-        yield lambda label: None
+        yield lambda label, done=1: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -21,10 +22,10 @@ def progress_bar(show: bool, title: str, total: int) -> Iterator[Callable[[str],
         task = bar.add_task(title, total=total)
         first = True
 
-        def step(label: str) -> None:
+        def step(label: str, done: int = 1) -> None:
             nonlocal first
-            bar.update(task, description=f"{title}: {label}", advance=0 if first else 1)
-            first = False
+            bar.update(task, description=f"{title}: {label}", advance=0 if first else done)
+            first = first and done == 0
 
         yield step
         bar.update(task, completed=total)
