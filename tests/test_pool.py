@@ -96,3 +96,39 @@ def test_chained_pools_over_a_cat_are_not_fused_into_one_kernel(config) -> None:
     pools = [g for g in kernels if sum(n.op == "aten.max_pool2d.default" for n in g.nodes) == 2]
     assert not pools, "both pools in one kernel"
     assert any("recomputation" in r.reason for r in compiled.plan.refusals)
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding", "ceil_mode", "count_include_pad", "divisor", "shape",
+                          "generated"), [
+    (2, 2, 0, False, True, None, (2, 6, 8, 8), True),  # DenseNet's transitions
+    (3, 1, 1, False, True, None, (1, 5, 9, 9), True),  # Inception's branch pooling
+    ((3, 2), (2, 1), (1, 0), False, True, None, (1, 3, 11, 10), True),
+    (2, 2, 0, True, True, None, (1, 2, 8, 8), True),  # ceil_mode adds no window here
+    (3, 2, 1, False, False, 5, (2, 7, 9), True),  # 3-D input, divisor_override
+    (3, 2, 1, False, False, None, (1, 3, 9, 9), False),  # border windows divide by their in-bounds count
+    (3, 2, 0, True, True, None, (1, 2, 10, 10), False),  # ceil_mode: a window past the edge
+])
+def test_avg_pool_is_generated_where_every_window_has_one_divisor(config, device, kernel, stride, padding, ceil_mode,
+                                                                  count_include_pad, divisor, shape,
+                                                                  generated) -> None:  # type: ignore[no-untyped-def]
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(torch.relu(x + 0.5), kernel, stride, padding, ceil_mode, count_include_pad, divisor) * 2
+
+    x = randn(*shape, device=device, seed=sum(shape))
+    compiled = streamfuse.compile(fn, (x,), config)
+    pools = [n for n in windows(compiled) if n.op == "streamfuse.avg_pool2d.default"]
+    assert len(pools) == int(generated)
+    assert (compiled.stats["aten_kernels"] == 0) == generated
+    torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6)
+    fresh = torch.randn_like(x)
+    torch.testing.assert_close(compiled(fresh), fn(fresh), rtol=1e-5, atol=1e-6)
+
+
+def test_avg_pool_of_a_channels_last_input_in_reduced_precision(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A channels_last input (DenseNet's transition convolution hands its result on so) pooled in
+    bfloat16: the window sums in float32, as ATen does."""
+    fn = lambda x: F.avg_pool2d(x * 1.5, 2, 2) + 1
+    x = randn(2, 8, 6, 6, device=device, dtype=torch.bfloat16, seed=4).to(memory_format=torch.channels_last)
+    compiled = streamfuse.compile(fn, (x,), config)
+    assert [n.op for n in windows(compiled)] == ["streamfuse.avg_pool2d.default"]
+    torch.testing.assert_close(compiled(x), fn(x), rtol=2e-2, atol=2e-2)

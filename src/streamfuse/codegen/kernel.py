@@ -377,7 +377,7 @@ class Emitter:
         elif node.kind is OpKind.CONCAT:
             result = self.concat(node, index)
         elif node.kind is OpKind.WINDOW:
-            result = self.window_max(node, index)
+            result = self.window(node, index)
         elif node.op == RAND_OP:
             _, base = rand_node_args(node)
             self.uses_rng = True
@@ -460,14 +460,17 @@ class Emitter:
         finally:
             self.guard = outer
 
-    def window_max(self, node: Node, index: Index) -> Operand:
-        """Max pooling: the max over the window's taps; a tap outside the input (padding) is -inf.
-        NaN propagates, as in ATen."""
+    def window(self, node: Node, index: Index) -> Operand:
+        """Pooling over the window's taps. Max: a tap outside the input (padding) is -inf, and NaN
+        propagates as in ATen. Average: padding taps are zeros, the sum divided by the node's divisor
+        (one for every window: ir/lowerings.py lowers no other)."""
         src = node.args[0]
         assert isinstance(src, Node) and node.dtype is not None
         kernel, stride, padding, dilation = pool_params(node)
+        average = node.op == "streamfuse.avg_pool2d.default"
         wide = compute_dtype(node.dtype)
-        self.helpers.add("_sf_max_nan")
+        if not average:
+            self.helpers.add("_sf_max_nan")
         in_hw, out_hw = src.shape[-2:], node.shape[-2:]
         acc: str | None = None
         for kh in range(kernel[0]):
@@ -486,9 +489,17 @@ class Emitter:
                     deps |= index[d].deps
                 cond = self.tmp(" & ".join(conds), torch.bool).text if conds else None
                 v = self.guarded(cond, deps, lambda c=tuple(coords): self.value(src, c))
-                tap = cast(v, wide) if cond is None else f"tl.where({cond}, {cast(v, wide)}, float(\"-inf\"))"
-                acc = tap if acc is None else self.tmp(f"_sf_max_nan({acc}, {tap})", wide).text
+                outside = "0.0" if average else 'float("-inf")'
+                tap = cast(v, wide) if cond is None else f"tl.where({cond}, {cast(v, wide)}, {outside})"
+                if acc is None:
+                    acc = tap
+                elif average:
+                    acc = self.tmp(f"{acc} + {tap}", wide).text
+                else:
+                    acc = self.tmp(f"_sf_max_nan({acc}, {tap})", wide).text
         assert acc is not None
+        if average:
+            return self.tmp(f"{acc} / {float(node.args[5])!r}", wide)  # type: ignore[arg-type]
         return Operand(acc, wide) if acc.isidentifier() else self.tmp(acc, wide)
 
     def store(self, ptr: str, value: str, mask: str | None) -> None:

@@ -83,7 +83,7 @@ def node_refusal(node: Node, config: Config) -> str | None:
     if node.kind is OpKind.WINDOW:
         x = node.args[0]
         if not (isinstance(x, Node) and len(x.shape) in (3, 4) and node.dtype in FLOAT_DTYPES):
-            return "max pooling of an integer or non-3/4-D tensor runs through ATen"
+            return "pooling of an integer or non-3/4-D tensor runs through ATen"
     if node.kind is OpKind.REDUCTION:
         if node.op not in GENERATED_REDUCTIONS:
             return f"reduction overload {node.op} is not generated"

@@ -215,7 +215,8 @@ def concat_parts(node: Node) -> tuple[list[Node], int]:
 
 
 def pool_params(node: Node) -> tuple[list[int], list[int], list[int], list[int]]:
-    """(kernel, stride, padding, dilation) of a streamfuse.max_pool2d node (ir/lowerings.py), each [h, w]."""
+    """(kernel, stride, padding, dilation) of a streamfuse.max_pool2d or avg_pool2d node (ir/lowerings.py),
+    each [h, w]."""
     kernel, stride, padding, dilation = (list(node.args[i]) for i in range(1, 5))  # type: ignore[call-overload]
     return kernel, stride, padding, dilation
 

@@ -5,6 +5,7 @@ capture (they go through prims or mutating ops), rewritten into ops the planner 
 - inference batch-norm -> (x - mean) * rsqrt(var + eps) * weight + bias, per channel
 - training dropout -> philox_rand >= p selects x / (1 - p) (ir/rng.py), so it fuses
 - max_pool2d_with_indices with its indices unread -> streamfuse.max_pool2d (a WINDOW op, generated)
+- avg_pool2d with one divisor for every window -> streamfuse.avg_pool2d (a WINDOW op, generated)
 - constant_pad_nd padding by nothing -> clone (fused)
 - any (every overload) -> amax of the input as 0/1 float32, > 0 (a reduction, fused)
 """
@@ -179,6 +180,50 @@ def _lower_max_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: A
     return (out, _Unused("max-pool indices"))
 
 
+def avg_pool2d(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
+               divisor: int) -> torch.Tensor:
+    """Reference implementation (the NodeStep target) of the lowered average pooling: every window
+    inside the padded input, its sum divided by `divisor` (padding counted as zeros)."""
+    return torch.nn.functional.avg_pool2d(x, kernel, stride, padding, False, True, divisor)
+
+
+avg_pool2d.__name__ = "streamfuse.avg_pool2d.default"
+
+
+def _lower_avg_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """avg_pool2d whose every window divides by the same count -> a WINDOW node (generated): windows
+    that all lie inside the padded input (the output size ceil_mode=False gives), and padding counted
+    (count_include_pad, or no padding) or a divisor_override. DenseNet's transitions, Inception's
+    branches. Otherwise ATen (its per-window divisors)."""
+    x = args[0]
+    if not isinstance(x, Node) or not val.is_floating_point() or len(x.shape) not in (3, 4):
+        return None
+
+    def arg(i: int, name: str, default: Any) -> Any:
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    def pair(v: Any, default: list[int]) -> list[int]:
+        v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
+        v = [v] if isinstance(v, int) else list(v)
+        return v * 2 if len(v) == 1 else v
+
+    kernel = pair(arg(1, "kernel_size", None), [])
+    stride = pair(arg(2, "stride", None), kernel)
+    padding = pair(arg(3, "padding", 0), [0])
+    count_pad = bool(arg(5, "count_include_pad", True))
+    override = arg(6, "divisor_override", None)
+    if len(kernel) != 2 or len(stride) != 2 or len(padding) != 2:
+        return None
+    floor_hw = [(size + 2 * p - k) // s + 1 for size, k, s, p in zip(x.shape[-2:], kernel, stride, padding, strict=True)]
+    if list(val.shape[-2:]) != floor_hw:
+        return None  # ceil_mode added a window running past the padded input: a smaller divisor there
+    if override is None and not count_pad and any(padding):
+        return None  # windows at the borders divide by their in-bounds count
+    divisor = int(override) if override is not None else kernel[0] * kernel[1]
+    return b.add("avg_pool2d", avg_pool2d, (x, kernel, stride, padding, [1, 1], divisor),
+                 shape=tuple(val.shape), dtype=val.dtype)
+
+
 def _lower_zero_pad(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
     """constant_pad_nd with every pad 0 (swin_t at 224x224 pads each window block by nothing: 15 copy
     launches per call) -> a clone, which fuses into its producer's or its readers' kernel."""
@@ -221,6 +266,7 @@ def _lower_any(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> 
 LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     # a lowering returns None to leave the op as recorded
     aten.max_pool2d_with_indices.default: _lower_max_pool2d,
+    aten.avg_pool2d.default: _lower_avg_pool2d,
     aten.var_mean.correction: _lower_var,
     aten.var_mean.dim: _lower_var,
     aten.var.dim: _lower_var,

@@ -25,9 +25,9 @@ class OpKind(enum.Enum):
     """torch.cat: each output element is one input's element, picked by its index along `dim`
     (generated as masked loads and a select, so producers and consumers fuse through it)."""
     WINDOW = "window"
-    """2-D max pooling: each output element is the max of a small window of its input, read by
-    shifted loads masked at the borders (ir/lowerings.py lowers max_pool2d when its indices are
-    unused)."""
+    """2-D max or average pooling: each output element is the max or mean of a small window of its
+    input, read by shifted loads masked at the borders (ir/lowerings.py lowers max_pool2d when its
+    indices are unused, avg_pool2d when every window has the same divisor)."""
 
     @property
     def fusible(self) -> bool:
@@ -62,7 +62,8 @@ OP_KINDS: dict[str, OpKind] = {
     **{n: OpKind.VIEW for n in MULTI_VIEWS},
     "aten.cat": OpKind.CONCAT,
     "streamfuse.philox_rand": OpKind.POINTWISE,
-    "streamfuse.max_pool2d": OpKind.WINDOW,  # counter-based: a pure function of its index (ir/rng.py)
+    "streamfuse.max_pool2d": OpKind.WINDOW,
+    "streamfuse.avg_pool2d": OpKind.WINDOW,  # counter-based: a pure function of its index (ir/rng.py)
 }
 
 # Overloads whose semantics differ from the packet's default and that v1 does not generate.
