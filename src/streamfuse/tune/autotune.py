@@ -72,7 +72,7 @@ AGREE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
 def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list[torch.Tensor] | None,
-              copies: int = 1) -> float:
+              copies: int = 1, why: list[str] | None = None) -> float:
     """Median µs of one launch with `source`'s tile, replayed from a CUDA graph (GPU time without the
     host's launch cost, which would otherwise swamp small kernels and make the ranking noise); inf
     if it cannot compile, run, spills, or computes something else than `expected` (the heuristic
@@ -90,16 +90,20 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list
                                            num_stages=source.num_stages, launch_pdl=source.pdl, **source.constexprs)
 
     launch = launcher(args)
+    note = why.append if why is not None else (lambda text: None)
     try:
         compiled = launch()
         if getattr(compiled, "n_spills", 0):
+            note(f"{compiled.n_spills} registers spilled")
             return math.inf
         if expected is not None and not _agrees(_outputs(source, args), expected):
+            note("results differ from the heuristic tile's")
             return math.inf
         if copies > 1:
             return time_concurrent_us([launch] + [launcher(_fresh_outputs(source, args)) for _ in range(copies - 1)])
         return time_graph_us(launch)
-    except Exception:  # noqa: BLE001 - a failing candidate scores as infinitely slow, by design
+    except Exception as exc:  # noqa: BLE001 - a failing candidate scores as infinitely slow, by design
+        note(f"{type(exc).__name__}: {str(exc).strip()[:300]}")
         return math.inf
 
 
@@ -145,6 +149,7 @@ class _Tuning:
     args: list[Any] = field(default_factory=list)
     reference: KernelSource | None = None
     expected: list[torch.Tensor] | None = None
+    reference_failures: list[str] = field(default_factory=list)
 
 
 def tune_matmul(group: Group, source: KernelSource, kernel: Any, config: Config, device: torch.device,
@@ -201,7 +206,11 @@ def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], 
         tuned: list[_Tuning] = []
         for t in pending:
             assert t.reference is not None
-            reference_us = time_tile(t.job.kernel, t.reference, t.args, None)
+            why: list[str] = []
+            reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=why)
+            if not math.isfinite(reference_us):  # once more (run 98: a split-K heuristic tile scored inf
+                reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=why)  # once, cause unknown)
+            t.reference_failures = why
             if math.isfinite(reference_us):
                 if reference_us > t.job.give_up_us:  # not worth tuning: the heuristic tile, uncached
                     found[t.index] = heuristic_tile(t.job.group, config, sm_count), reference_us
@@ -244,7 +253,8 @@ def _time_tiles(t: _Tuning, config: Config, sm_count: int,
         "tile": [best.block_m, best.block_n, best.block_k, best.num_warps, best.num_stages, best.group_m,
                  best.split_k],
         "us": results[best], "tried": {str(k): (None if math.isinf(v) else v) for k, v in results.items()},
-        "problem": [*matmul_dims(job.group.contraction), job.group.contraction.itemsize]})
+        "problem": [*matmul_dims(job.group.contraction), job.group.contraction.itemsize],
+        **({"heuristic_failed": t.reference_failures} if t.reference_failures else {})})
     return best, results[best]
 
 
