@@ -8,6 +8,8 @@ Refusal with its reason.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Mapping
 
 import networkx as nx
@@ -173,9 +175,14 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
     # limits: the seeds waive the rule where measurement shows the fusion faster, and on the H200
     # softmax and layer_norm fused into one kernel reach 94% and 90% of copy bandwidth (PERF.md,
     # runs 5-13) at occupancies this estimate puts 20-35% below the unfused kernels'.
+    # A pointwise kernel over Config.pointwise_no_split_from elements or more keeps only the hard
+    # limits too: dividing its per-thread work restores the estimated occupancy but not the loads in
+    # flight per SM, which bound a memory-bound kernel (run 98: densenet's cat + batch-norm + ReLU at
+    # batch 32 ran at 1679 GB/s split to 2 elements per thread, 3883 GB/s with 8).
+    large = result.kind is GroupKind.POINTWISE and 0 < config.pointwise_no_split_from <= math.prod(result.shape)
     replaced = [(_resources(p, config, state.sm_count, split, state.members[g]), _bytes(p))
                 for (p, split), g in zip(parts, (gp, gc), strict=True)
-                if not isinstance(p, str) and p.kind is GroupKind.POINTWISE is result.kind]
+                if not large and not isinstance(p, str) and p.kind is GroupKind.POINTWISE is result.kind]
     reason = None
     for split in SPLITS:  # refuse only if spreading the work over more threads cannot restore occupancy
         reason = resource_refusal(_resources(result, config, state.sm_count, split, union), replaced, config)
