@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [compile-pool] [newtests3] [catwalk] [dense-incep] [newtests4] [gputests4] [gputests3] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [compile-pool] [newtests3] [catwalk] [dense-incep] [newtests4] [gputests4] [nosplit-off] [nosplit-on] [gputests3] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -244,6 +244,12 @@ step dense-incep 330 streamfuse bench --suite models --models densenet,inception
 # long fuzz runs
 step newtests4 90 python3 -m pytest -v -n 8 -m gpu -W ignore -p no:logging --tb=short tests/test_matmul.py tests/test_tune.py
 step gputests4 300 python3 -m pytest -v -n 12 -m gpu -k "not test_fuzz_long_on_gpu" -W ignore -p no:logging --tb=short tests
+# for session 26: Config.pointwise_no_split_from (built after run 98, not yet on the GPU), the
+# throughput rows with it off (the planner's split as before) then on beside reduce-overhead
+step nosplit-off 300 streamfuse bench --suite models --models densenet,inception,googlenet,resnet50,efficientnet \
+  --batch throughput --dtype float32 --modes streamfuse --set pointwise_no_split_from=0 --reps 20 --out "$OUT/nosplit-off"
+step nosplit-on 450 streamfuse bench --suite models --models densenet,inception,googlenet,resnet50,efficientnet \
+  --batch throughput --dtype float32 --modes compile-ro,streamfuse --reps 20 --out "$OUT/nosplit-on"
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
@@ -305,7 +311,7 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/check-dense.txt" ] && tail -40 "$OUT/check-dense.txt"
 [ -f "$OUT/check-vit.txt" ] && tail -40 "$OUT/check-vit.txt"
 [ -f "$OUT/dense32.txt" ] && tail -20 "$OUT/dense32.txt"
-for f in walk-check text1; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in walk-check text1 nosplit-off nosplit-on; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/gputests3.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/gputests3.txt" | head -40; tail -3 "$OUT/gputests3.txt"; }
 [ -f "$OUT/newtests4.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/newtests4.txt" | head -30; tail -3 "$OUT/newtests4.txt"; }
 [ -f "$OUT/gputests4.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/gputests4.txt" | head -30; tail -3 "$OUT/gputests4.txt"; }
