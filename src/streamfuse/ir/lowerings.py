@@ -145,6 +145,18 @@ def _lower_bernoulli(b: Builder, target: Any, args: tuple, kwargs: dict, val: An
     return b.add("bernoulli", aten._to_copy.default, (hit,), {"dtype": val.dtype}, shape=x.shape, dtype=val.dtype)
 
 
+def _arg(args: tuple, kwargs: dict, i: int, name: str, default: Any) -> Any:
+    """An op's argument by position, else by name, else its default."""
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+def _pair(v: Any, default: list[int]) -> list[int]:
+    """A pooling size argument as [h, w] (an int or a one-element list stands for both)."""
+    v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
+    v = [v] if isinstance(v, int) else list(v)
+    return v * 2 if len(v) == 1 else v
+
+
 def max_pool2d(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
                ceil_mode: bool) -> torch.Tensor:
     """Reference implementation (the NodeStep target) of the lowered max pooling: values only."""
@@ -162,19 +174,11 @@ def _lower_max_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: A
     if b.used_results is None or 1 in b.used_results or not values.is_floating_point():
         return None  # converted as recorded: ATen computes the indices
 
-    def pair(v: Any, default: list[int]) -> list[int]:
-        v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
-        v = [v] if isinstance(v, int) else list(v)
-        return v * 2 if len(v) == 1 else v
-
-    def arg(i: int, name: str, default: Any) -> Any:
-        return args[i] if len(args) > i else kwargs.get(name, default)
-
-    kernel = pair(arg(1, "kernel_size", None), [])
-    stride = pair(arg(2, "stride", None), kernel)
-    padding = pair(arg(3, "padding", 0), [0])
-    dilation = pair(arg(4, "dilation", 1), [1])
-    ceil_mode = bool(arg(5, "ceil_mode", False))
+    kernel = _pair(_arg(args, kwargs, 1, "kernel_size", None), [])
+    stride = _pair(_arg(args, kwargs, 2, "stride", None), kernel)
+    padding = _pair(_arg(args, kwargs, 3, "padding", 0), [0])
+    dilation = _pair(_arg(args, kwargs, 4, "dilation", 1), [1])
+    ceil_mode = bool(_arg(args, kwargs, 5, "ceil_mode", False))
     out = b.add("max_pool2d", max_pool2d, (x, kernel, stride, padding, dilation, ceil_mode),
                 shape=tuple(values.shape), dtype=values.dtype)
     return (out, _Unused("max-pool indices"))
@@ -199,19 +203,11 @@ def _lower_avg_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: A
     if not isinstance(x, Node) or not val.is_floating_point() or len(x.shape) not in (3, 4):
         return None
 
-    def arg(i: int, name: str, default: Any) -> Any:
-        return args[i] if len(args) > i else kwargs.get(name, default)
-
-    def pair(v: Any, default: list[int]) -> list[int]:
-        v = default if v is None or (isinstance(v, (list, tuple)) and len(v) == 0) else v
-        v = [v] if isinstance(v, int) else list(v)
-        return v * 2 if len(v) == 1 else v
-
-    kernel = pair(arg(1, "kernel_size", None), [])
-    stride = pair(arg(2, "stride", None), kernel)
-    padding = pair(arg(3, "padding", 0), [0])
-    count_pad = bool(arg(5, "count_include_pad", True))
-    override = arg(6, "divisor_override", None)
+    kernel = _pair(_arg(args, kwargs, 1, "kernel_size", None), [])
+    stride = _pair(_arg(args, kwargs, 2, "stride", None), kernel)
+    padding = _pair(_arg(args, kwargs, 3, "padding", 0), [0])
+    count_pad = bool(_arg(args, kwargs, 5, "count_include_pad", True))
+    override = _arg(args, kwargs, 6, "divisor_override", None)
     if len(kernel) != 2 or len(stride) != 2 or len(padding) != 2:
         return None
     floor_hw = [(size + 2 * p - k) // s + 1 for size, k, s, p in zip(x.shape[-2:], kernel, stride, padding, strict=True)]
