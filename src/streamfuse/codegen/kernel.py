@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from streamfuse.codegen.pointwise_ops import Operand, cast, convert, emit_pointwise, single_value_float64
+from streamfuse.codegen.pooling import emit_window
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
 from streamfuse.fusion.geometry import pointwise_launch
@@ -34,7 +35,6 @@ from streamfuse.ir.indexing import (
     delinearize,
     dense_order,
     linearize,
-    pool_params,
     view_input_index,
 )
 from streamfuse.ir.ops import OpKind, packet_name
@@ -377,7 +377,7 @@ class Emitter:
         elif node.kind is OpKind.CONCAT:
             result = self.concat(node, index)
         elif node.kind is OpKind.WINDOW:
-            result = self.window(node, index)
+            result = emit_window(self, node, index)
         elif node.op == RAND_OP:
             _, base = rand_node_args(node)
             self.uses_rng = True
@@ -459,48 +459,6 @@ class Emitter:
             return fn()
         finally:
             self.guard = outer
-
-    def window(self, node: Node, index: Index) -> Operand:
-        """Pooling over the window's taps. Max: a tap outside the input (padding) is -inf, and NaN
-        propagates as in ATen. Average: padding taps are zeros, the sum divided by the node's divisor
-        (one for every window: ir/lowerings.py lowers no other)."""
-        src = node.args[0]
-        assert isinstance(src, Node) and node.dtype is not None
-        kernel, stride, padding, dilation = pool_params(node)
-        average = node.op == "streamfuse.avg_pool2d.default"
-        wide = compute_dtype(node.dtype)
-        if not average:
-            self.helpers.add("_sf_max_nan")
-        in_hw, out_hw = src.shape[-2:], node.shape[-2:]
-        acc: str | None = None
-        for kh in range(kernel[0]):
-            for kw in range(kernel[1]):
-                coords, conds, deps = list(index), [], frozenset[str]()
-                for axis, k in ((0, kh), (1, kw)):
-                    d = len(index) - 2 + axis
-                    first = k * dilation[axis] - padding[axis]
-                    last = (out_hw[axis] - 1) * stride[axis] + first
-                    pos = index[d] * stride[axis] + first
-                    coords[d] = pos
-                    if first < 0:
-                        conds.append(f"({pos.text} >= 0)")
-                    if last >= in_hw[axis]:
-                        conds.append(f"({pos.text} < {in_hw[axis]})")
-                    deps |= index[d].deps
-                cond = self.tmp(" & ".join(conds), torch.bool).text if conds else None
-                v = self.guarded(cond, deps, lambda c=tuple(coords): self.value(src, c))
-                outside = "0.0" if average else 'float("-inf")'
-                tap = cast(v, wide) if cond is None else f"tl.where({cond}, {cast(v, wide)}, {outside})"
-                if acc is None:
-                    acc = tap
-                elif average:
-                    acc = self.tmp(f"{acc} + {tap}", wide).text
-                else:
-                    acc = self.tmp(f"_sf_max_nan({acc}, {tap})", wide).text
-        assert acc is not None
-        if average:
-            return self.tmp(f"{acc} / {float(node.args[5])!r}", wide)  # type: ignore[arg-type]
-        return Operand(acc, wide) if acc.isidentifier() else self.tmp(acc, wide)
 
     def store(self, ptr: str, value: str, mask: str | None) -> None:
         masked = "" if mask is None else f", mask={mask}"
