@@ -157,3 +157,19 @@ def test_geometric_means_against_reduce_overhead_per_batch_kind(tmp_path: Path) 
     write_json(rows, tmp_path / "bench.json", torch.device("cpu"))
     doc = json.loads((tmp_path / "bench.json").read_text())
     assert doc["geomeans"]["streamfuse_vs_reduce_overhead"]["throughput"] == {"geomean": pytest.approx(3.0), "workloads": 1}
+
+
+def test_each_finished_workload_gets_a_summary_line() -> None:
+    """`streamfuse bench` prints a row as soon as its workload has run (a run cut short by a time limit
+    still shows what it measured): every mode's µs or its error, the streamfuse modes' speed-up over
+    reduce-overhead, and streamfuse's check."""
+    from streamfuse.bench.runner import ModeResult, WorkloadResult, row_summary
+
+    row = WorkloadResult("convnext_tiny b32 fp32")
+    row.modes = {"compile-ro": ModeResult("compile-ro", us=4006.3),
+                 "streamfuse": ModeResult("streamfuse", us=3923.0, max_rel_err=7.4e-7),
+                 "sf-backend": ModeResult("sf-backend", error="RuntimeError: something broke")}
+    line = row_summary(row)
+    assert line.startswith("convnext_tiny b32 fp32: compile-ro 4006.3 µs")
+    assert "streamfuse 3923.0 µs (1.02x reduce-overhead)" in line
+    assert "sf-backend - (RuntimeError: something broke)" in line and line.endswith("max rel err 7.4e-07")

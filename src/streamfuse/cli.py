@@ -174,7 +174,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import streamfuse
     from streamfuse.bench.models import MODELS, model_workloads
     from streamfuse.bench.report import bar_chart, bench_table, failures, models_table, streamfuse_table
-    from streamfuse.bench.runner import MODES, run_suite
+    from streamfuse.bench.runner import MODES, row_summary, run_suite
     from streamfuse.bench.workloads import WORKLOADS, suite
 
     console = Console() if sys.stdout.isatty() else Console(width=200)
@@ -226,7 +226,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.tf32)
         try:
             results = run_suite(workloads, modes, device, config, out, step,
-                                cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings)
+                                cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings,
+                                finished=lambda row: progress.console.print(escape(row_summary(row))))
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     card = torch.cuda.get_device_name() if cuda else "CPU"

@@ -415,13 +415,15 @@ def reference(workload: Workload, device: torch.device) -> Any:
 def run_suite(workloads: list[Workload], modes: list[str], device: torch.device, config: Config,
               out_dir: Path | None = None, progress: Callable[[str], None] | None = None, *,
               cold_cache: bool = False, gaps: bool = True, reps: int | None = None,
-              settings: dict[str, Any] | None = None) -> list[WorkloadResult]:
+              settings: dict[str, Any] | None = None,
+              finished: Callable[[WorkloadResult], None] | None = None) -> list[WorkloadResult]:
     """Every mode of every workload; bench.json rewritten after each workload when out_dir is given.
 
     cold_cache: the streamfuse modes compile on a fresh, empty cache_dir per workload and mode, then
     once more on it warm (ModeResult.compile_warm_s). gaps: measure kernels per call and gap ratios with
     torch.profiler on CUDA (after all timing; that keeps every mode's compiled callable alive until the
-    end). reps: timed calls per mode (time_us's default if None). settings: recorded in the JSON."""
+    end). reps: timed calls per mode (time_us's default if None). settings: recorded in the JSON.
+    finished: called with each workload's row as soon as its modes have run."""
     results: list[WorkloadResult] = []
     to_profile: list[tuple[ModeResult, Callable[[], Any]]] = []
     cold_root = Path(tempfile.mkdtemp(prefix="streamfuse-bench-cold-")) if cold_cache else None
@@ -458,6 +460,8 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
                 torch.cuda.empty_cache()
             if out_dir is not None:
                 write_json(results, out_dir / "bench.json", device, settings)
+            if finished is not None:
+                finished(row)
         if to_profile and progress:
             progress("gap ratios (torch.profiler, after all timing)")
         for result, fn in to_profile:
@@ -498,3 +502,19 @@ def write_json(results: list[WorkloadResult], path: Path, device: torch.device,
            "torch": torch.__version__, **({"settings": settings} if settings else {}), "notes": NOTES,
            "geomeans": geomeans, "rows": rows}
     path.write_text(json.dumps(doc, indent=1))
+
+
+def row_summary(row: WorkloadResult) -> str:
+    """One line for a finished workload: each mode's µs (or why it has none), the speed-up of the
+    streamfuse modes over reduce-overhead where both ran, and streamfuse's check."""
+    parts = []
+    for mode, r in row.modes.items():
+        if r.us is not None:
+            ratio = row.ratio(mode, "compile-ro") if mode in SF_MODES else None
+            parts.append(f"{mode} {r.us:.1f} µs" + (f" ({ratio:.2f}x reduce-overhead)" if ratio else ""))
+        else:
+            parts.append(f"{mode} -" + (f" ({r.error[:60]})" if r.error else ""))
+    check = row.modes.get("streamfuse")
+    if check is not None and check.max_rel_err is not None:
+        parts.append(f"max rel err {check.max_rel_err:.1e}")
+    return f"{row.workload}: " + ", ".join(parts)
