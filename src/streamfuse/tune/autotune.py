@@ -206,11 +206,8 @@ def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], 
         tuned: list[_Tuning] = []
         for t in pending:
             assert t.reference is not None
-            why: list[str] = []
-            reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=why)
-            if not math.isfinite(reference_us):  # once more (run 98: a split-K heuristic tile scored inf
-                reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=why)  # once, cause unknown)
-            t.reference_failures = why
+            # why a heuristic tile scored inf goes into the cache entry (run 99: one spilled registers)
+            reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=t.reference_failures)
             if math.isfinite(reference_us):
                 if reference_us > t.job.give_up_us:  # not worth tuning: the heuristic tile, uncached
                     found[t.index] = heuristic_tile(t.job.group, config, sm_count), reference_us
