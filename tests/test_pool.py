@@ -132,3 +132,23 @@ def test_avg_pool_of_a_channels_last_input_in_reduced_precision(config, device) 
     compiled = streamfuse.compile(fn, (x,), config)
     assert [n.op for n in windows(compiled)] == ["streamfuse.avg_pool2d.default"]
     torch.testing.assert_close(compiled(x), fn(x), rtol=2e-2, atol=2e-2)
+
+
+def test_a_branch_pool_reads_its_blocks_stored_cat(config) -> None:  # type: ignore[no-untyped-def]
+    """Inception's pattern: a block's 4-way cat of bias + ReLU epilogues, read by other branches and
+    by a 3x3 average pool. The pool does not recompute the cat and its epilogues at its 9 taps (56-64
+    evaluations per element, over Config.max_recomputed_evaluations): it reads the stored cat."""
+    from streamfuse.fusion.geometry import evaluations_per_element
+
+    def f(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.cat([torch.relu(a + 1), torch.relu(b * 2), torch.relu(c - 1), torch.relu(d)], dim=1)
+        return y * 3, F.avg_pool2d(y, 3, 1, 1)
+
+    xs = [randn(2, 3, 9, 9, seed=i) for i in range(4)]
+    compiled = streamfuse.compile(f, xs, config)
+    assert_close_to_reference(compiled(*xs), f, xs)
+    kernels = [g for g in compiled.plan.groups if g.kind.generated]
+    assert all(evaluations_per_element(g.nodes)[0] - evaluations_per_element(g.nodes)[1]
+               <= config.max_recomputed_evaluations for g in kernels)
+    (pool,) = [g for g in kernels if any(n.op == "streamfuse.avg_pool2d.default" for n in g.nodes)]
+    assert not any(n.op == "aten.cat.default" for n in pool.nodes)

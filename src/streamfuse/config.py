@@ -79,12 +79,16 @@ class Config:
     to give every SM of an H200 two programs of 1024 elements."""
     max_horizontal_parts: int = 64
     """At most this many kernels in one packed launch (their tensors also count against max_kernel_args)."""
-    max_recomputed_evaluations: int = 64
-    """A window (max pooling) fused over its producers recomputes them at each tap, and chained
+    max_recomputed_evaluations: int = 32
+    """A window (pooling) fused over its producers recomputes them at each tap, and chained
     windows multiply that. A fusion whose kernel would evaluate more than this many ops and loads
     per element beyond one evaluation of each is refused (fusion/geometry.py). One 3x3 pool over a
-    bias + ReLU epilogue recomputes 32; GoogLeNet's two pools over a 4-way cat recomputed 1,369, and
-    that kernel took 496 µs on the H200 where the unfused kernels take a few."""
+    bias + ReLU epilogue recomputes 32 (the ResNet stem's, kept); GoogLeNet's two pools over a 4-way
+    cat recomputed 1,369, and that kernel took 496 µs on the H200 where the unfused kernels take a
+    few. At 64 (until session 25), Inception's and GoogLeNet's branch pools recomputed their block's
+    4-way cat + bias + ReLU at all 9 taps (56-64) beside the kernel that stores that cat; at 32 the
+    cat kernel takes the branches' epilogues and the pool reads the stored cat: 178 -> 169 launches
+    for inception_v3, 108 -> 101 for googlenet, other suite vision models unchanged (CPU plans)."""
     concat_branches_from: int = 5
     """A cat of at least this many inputs (0: never), in a pointwise kernel, reads each input in a
     branch of its own that only the programs whose block reaches that input take, and selects into
