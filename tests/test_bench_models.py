@@ -163,7 +163,8 @@ def test_each_finished_workload_gets_a_summary_line() -> None:
     """`streamfuse bench` prints a row as soon as its workload has run (a run cut short by a time limit
     still shows what it measured): every mode's µs or its error, the streamfuse modes' speed-up over
     reduce-overhead, and streamfuse's check."""
-    from streamfuse.bench.runner import ModeResult, WorkloadResult, row_summary
+    from streamfuse.bench.report import row_summary
+    from streamfuse.bench.runner import ModeResult, WorkloadResult
 
     row = WorkloadResult("convnext_tiny b32 fp32")
     row.modes = {"compile-ro": ModeResult("compile-ro", us=4006.3),

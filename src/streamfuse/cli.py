@@ -173,8 +173,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     import streamfuse
     from streamfuse.bench.models import MODELS, model_workloads
-    from streamfuse.bench.report import bar_chart, bench_table, failures, models_table, streamfuse_table
-    from streamfuse.bench.runner import MODES, row_summary, run_suite
+    from streamfuse.bench.report import bar_chart, bench_table, failures, models_table, row_summary, streamfuse_table
+    from streamfuse.bench.runner import MODES, run_suite
     from streamfuse.bench.workloads import WORKLOADS, suite
 
     console = Console() if sys.stdout.isatty() else Console(width=200)

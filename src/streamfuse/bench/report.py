@@ -141,3 +141,19 @@ def bar_chart(results: list[WorkloadResult], modes: list[str], path: Path, title
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def row_summary(row: WorkloadResult) -> str:
+    """One line for a finished workload: each mode's µs (or why it has none), the speed-up of the
+    streamfuse modes over reduce-overhead where both ran, and streamfuse's check."""
+    parts = []
+    for mode, r in row.modes.items():
+        if r.us is not None:
+            ratio = row.ratio(mode, "compile-ro") if mode in SF_MODES else None
+            parts.append(f"{mode} {r.us:.1f} µs" + (f" ({ratio:.2f}x reduce-overhead)" if ratio else ""))
+        else:
+            parts.append(f"{mode} -" + (f" ({r.error[:60]})" if r.error else ""))
+    check = row.modes.get("streamfuse")
+    if check is not None and check.max_rel_err is not None:
+        parts.append(f"max rel err {check.max_rel_err:.1e}")
+    return f"{row.workload}: " + ", ".join(parts)

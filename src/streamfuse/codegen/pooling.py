@@ -10,7 +10,7 @@ import torch
 from streamfuse.codegen.pointwise_ops import Operand, cast
 from streamfuse.codegen.types import compute_dtype
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import Index, pool_params
+from streamfuse.ir.indexing import Index, avg_pool_divisor, pool_params
 
 if TYPE_CHECKING:
     from streamfuse.codegen.kernel import Emitter
@@ -55,5 +55,5 @@ def emit_window(em: Emitter, node: Node, index: Index) -> Operand:
                 acc = em.tmp(f"_sf_max_nan({acc}, {tap})", wide).text
     assert acc is not None
     if average:
-        return em.tmp(f"{acc} / {float(node.args[5])!r}", wide)  # type: ignore[arg-type]
+        return em.tmp(f"{acc} / {float(avg_pool_divisor(node))!r}", wide)
     return Operand(acc, wide) if acc.isidentifier() else em.tmp(acc, wide)

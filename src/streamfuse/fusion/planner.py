@@ -9,7 +9,6 @@ Refusal with its reason.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Mapping
 
 import networkx as nx

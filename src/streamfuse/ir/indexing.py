@@ -221,6 +221,11 @@ def pool_params(node: Node) -> tuple[list[int], list[int], list[int], list[int]]
     return kernel, stride, padding, dilation
 
 
+def avg_pool_divisor(node: Node) -> int:
+    """What every window of a streamfuse.avg_pool2d node divides its sum by (ir/lowerings.py)."""
+    return int(node.args[5])  # type: ignore[call-overload]
+
+
 def permutation(node: Node) -> list[int]:
     """Output dim k of a permute/transpose reads input dim perm[k]."""
     rank = len(node.shape)

@@ -187,7 +187,8 @@ def _lower_max_pool2d(b: Builder, target: Any, args: tuple, kwargs: dict, val: A
 def avg_pool2d(x: torch.Tensor, kernel: list[int], stride: list[int], padding: list[int], dilation: list[int],
                divisor: int) -> torch.Tensor:
     """Reference implementation (the NodeStep target) of the lowered average pooling: every window
-    inside the padded input, its sum divided by `divisor` (padding counted as zeros)."""
+    inside the padded input, its sum divided by `divisor` (padding counted as zeros). `dilation` is
+    always [1, 1]: it keeps args 1-4 as pool_params reads them for both pools."""
     return torch.nn.functional.avg_pool2d(x, kernel, stride, padding, False, True, divisor)
 
 

@@ -61,9 +61,9 @@ OP_KINDS: dict[str, OpKind] = {
     **{f"aten.{n}": OpKind.CONTRACTION for n in _CONTRACTION},
     **{n: OpKind.VIEW for n in MULTI_VIEWS},
     "aten.cat": OpKind.CONCAT,
-    "streamfuse.philox_rand": OpKind.POINTWISE,
+    "streamfuse.philox_rand": OpKind.POINTWISE,  # counter-based: a pure function of its index (ir/rng.py)
     "streamfuse.max_pool2d": OpKind.WINDOW,
-    "streamfuse.avg_pool2d": OpKind.WINDOW,  # counter-based: a pure function of its index (ir/rng.py)
+    "streamfuse.avg_pool2d": OpKind.WINDOW,
 }
 
 # Overloads whose semantics differ from the packet's default and that v1 does not generate.
