@@ -202,3 +202,65 @@ def test_the_backend_retries_only_graphs_without_in_place_updates() -> None:
     x = torch.randn(4)
     assert not _mutates(make_fx(pure)(x))
     assert _mutates(make_fx(update)(x, torch.zeros(4)))
+
+
+def test_blas_workspaces_are_dropped_before_and_after_a_capture_even_when_it_fails(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from streamfuse.profile.timing import blas_workspaces_in_pool
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"), raising=False)
+    with blas_workspaces_in_pool():
+        calls.append("capture")
+    assert calls == ["clear", "capture", "clear"]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="capture failed"), blas_workspaces_in_pool():
+        raise RuntimeError("capture failed")
+    assert calls == ["clear", "clear"]
+
+
+def _live_blocks_since(before: set[int]) -> list[str]:
+    """Live blocks allocated since `before` (their addresses), with their sizes: what a leak is made of."""
+    out = []
+    for seg in torch.cuda.memory_snapshot():
+        for block in seg.get("blocks", []):
+            if block.get("state") == "active_allocated" and block.get("address") not in before:
+                out.append(f"{block.get('size')} B in pool {seg.get('segment_pool_id')}")
+    return out
+
+
+def _live_addresses() -> set[int]:
+    return {b.get("address") for seg in torch.cuda.memory_snapshot() for b in seg.get("blocks", [])
+            if b.get("state") == "active_allocated"}
+
+
+@gpu
+def test_compiling_recording_and_dropping_models_gives_all_their_memory_back(config) -> None:  # type: ignore[no-untyped-def]
+    """Run 102 (trainmem): cuBLAS workspaces of every stream that ran a matmul (the tuner's timing
+    graphs, the runners' side streams, the warm-ups) stayed allocated after the models were gone."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from test_runtime import mlp
+
+    inference = mlp(256, 1024, 256).cuda().eval()
+    trained = mlp(256, 1024, 256).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    torch.cuda.synchronize()
+    gc.collect()
+    torch._C._cuda_clearCublasWorkspaces()
+    before = _live_addresses()
+    base = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        compiled = streamfuse.compile(inference, (x,), config)
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), inference(x), rtol=1e-4, atol=1e-4)
+    assert compiled.stats["graphs"] == 1
+    backend = torch.compile(trained, backend=streamfuse.make_backend(config))
+    for _ in range(8):  # the forward and backward graphs record within six calls (runtime/replay.py)
+        backend(x).square().mean().backward()
+        trained.zero_grad(set_to_none=True)
+    del compiled, backend
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.synchronize()
+    leaked = torch.cuda.memory_allocated() - base
+    assert leaked <= 1 << 20, (leaked, _live_blocks_since(before))
