@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [compile-pool] [newtests3] [catwalk] [dense-incep] [newtests4] [gputests4] [nosplit-off] [nosplit-on] [newtests5] [catwalk2] [trainmem] [recompute-64] [recompute-32] [branchy1] [gputests3] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [compile-pool] [newtests3] [catwalk] [dense-incep] [newtests4] [gputests4] [nosplit-off] [nosplit-on] [newtests5] [catwalk2] [trainmem] [recompute-64] [recompute-32] [branchy1] [stale1] [gputests3] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -267,6 +267,10 @@ step recompute-32 400 streamfuse bench --suite models --models inception,googlen
 # batch 32 with it: googlenet 1.26x, inception_v3 1.19x of reduce-overhead)
 step branchy1 200 streamfuse bench --suite models --models googlenet,inception --batch 1 --dtype float32 \
   --modes $MODES_RO --reps 20 --out "$OUT/branchy1"
+# session 26: batch-1 rows last timed before sessions 23-25 (gpt2 prefill b1x128 0.99x in run 87,
+# before Config.check_templates; resnet50 1.06x in run 76), beside reduce-overhead
+step stale1 150 streamfuse bench --suite models --models prefill,resnet50 --batch 1 --dtype float32 \
+  --modes $MODES_RO --reps 20 --out "$OUT/stale1"
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
@@ -328,7 +332,7 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/check-dense.txt" ] && tail -40 "$OUT/check-dense.txt"
 [ -f "$OUT/check-vit.txt" ] && tail -40 "$OUT/check-vit.txt"
 [ -f "$OUT/dense32.txt" ] && tail -20 "$OUT/dense32.txt"
-for f in walk-check text1 nosplit-off nosplit-on recompute-64 recompute-32 branchy1; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
+for f in walk-check text1 nosplit-off nosplit-on recompute-64 recompute-32 branchy1 stale1; do [ -f "$OUT/$f.txt" ] && tail -40 "$OUT/$f.txt"; done
 [ -f "$OUT/gputests3.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/gputests3.txt" | head -40; tail -3 "$OUT/gputests3.txt"; }
 [ -f "$OUT/trainmem.txt" ] && grep -v "^$" "$OUT/trainmem.txt" | tail -120
 [ -f "$OUT/newtests5.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/newtests5.txt" | head -30; tail -3 "$OUT/newtests5.txt"; }
