@@ -264,3 +264,42 @@ def test_compiling_recording_and_dropping_models_gives_all_their_memory_back(con
     torch.cuda.synchronize()
     leaked = torch.cuda.memory_allocated() - base
     assert leaked <= 1 << 20, (leaked, _live_blocks_since(before))
+
+
+class _Branches(torch.nn.Module):
+    """Independent matmuls on one input (the runner puts them on side streams), long K and few rows
+    (shapes where cuBLAS uses its workspace for split-K)."""
+
+    def __init__(self, k: int = 8192, n: int = 64, branches: int = 4) -> None:
+        super().__init__()
+        self.branches = torch.nn.ModuleList(torch.nn.Linear(k, n) for _ in range(branches))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch.relu(b(x)) for b in self.branches], dim=1)
+
+
+@gpu
+def test_recorded_graphs_survive_cublas_workspaces_being_cleared_and_memory_released(config) -> None:  # type: ignore[no-untyped-def]
+    """Inductor clears cuBLAS's workspaces around its recordings. A graph of ours that had baked in a
+    workspace from the default pool (allocated by an earlier call on the same stream) would then
+    write into freed, possibly unmapped memory on every replay (run 103: illegal addresses)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    torch.manual_seed(0)
+    model = _Branches().cuda().eval()
+    x = torch.randn(8, 8192, device="cuda")
+    with torch.no_grad():
+        ref = model(x)
+        compiled = streamfuse.compile(model, (x,), config.replace(matmul_strategy="cublas"))
+        for _ in range(3):
+            compiled(x)
+        assert compiled.stats["graphs"] == 1
+        for _ in range(3):
+            torch._C._cuda_clearCublasWorkspaces()
+            torch.cuda.empty_cache()
+            churn = [torch.full((1 << 22,), float(i), device="cuda") for i in range(16)]
+            out = compiled(x)
+            torch.cuda.synchronize()
+            assert all(float(c[0]) == i for i, c in enumerate(churn))  # nothing wrote into them
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
+            del churn

@@ -32,7 +32,7 @@ def time_cuda_us(fn: Callable[[], Any], warmup: int = 10, reps: int = 50) -> flo
 
 @contextmanager
 def blas_workspaces_in_pool() -> Iterator[None]:
-    """Around a CUDA graph's warm-up and capture: cuBLAS's workspaces dropped before and after.
+    """Around a CUDA graph's capture (not its warm-up): cuBLAS's workspaces dropped before and after.
 
     cuBLAS keeps one workspace per (handle, stream) pair, allocated through the caching allocator at
     its first matmul on that stream and held until they are cleared. Without this, (1) a capture
@@ -44,7 +44,13 @@ def blas_workspaces_in_pool() -> Iterator[None]:
     in 4 blocks after resnet18's training graphs recorded, 130 MiB more from the tuner's timings on
     GPT-2). Dropped before, the capture allocates the workspaces it needs in the graph's own pool;
     dropped after, they are free blocks of that pool, which only that graph's replays use. Inductor
-    does the same around its recordings."""
+    does the same around its recordings.
+
+    Only around the capture itself: a warm-up between the first drop and the capture (run 103)
+    put workspaces of the default pool back in cuBLAS's table, the capture baked their addresses
+    in, and the second drop freed them while the graph still used them; later allocations and
+    `empty_cache` took the memory back, and replays of HF BERT and Llama training graphs faulted
+    (illegal address). The drop before the capture also releases the warm-up's workspaces."""
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
@@ -58,18 +64,17 @@ def blas_workspaces_in_pool() -> Iterator[None]:
 def capture_graph(fn: Callable[[], Any], calls: int = 1, warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
     """`fn` warmed up on a side stream, then `calls` calls of it captured into one CUDA graph;
     returns the graph and what the last captured call returned (its static outputs)."""
-    with blas_workspaces_in_pool():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        out = None
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                out = fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    out = None
+    with blas_workspaces_in_pool(), torch.cuda.graph(graph):
+        for _ in range(calls):
+            out = fn()
     return graph, out
 
 

@@ -76,29 +76,29 @@ class _Instance:
     def __init__(self, exe: Executable, static_inputs: list[torch.Tensor], sources: list[torch.Tensor] | None = None,
                  copied: list[int] | None = None):
         copied = list(range(len(static_inputs))) if copied is None else copied
-        with blas_workspaces_in_pool():  # the capture's cuBLAS workspaces in its own pool
-            caller = torch.cuda.current_stream(exe.device)
-            warm = torch.cuda.Stream(device=exe.device)
-            with exe.writebacks_undone(static_inputs):
-                # after the caller's stream took its saved copies: an input read in place is the caller's
-                # own tensor, which the warm-up updates (session 18: waiting before the copies were taken
-                # let the warm-up's update race them, and the "restore" kept the update)
-                warm.wait_stream(caller)
-                with torch.cuda.stream(warm):  # compiles Triton kernels and settles the allocator outside capture
-                    for _ in range(2):
-                        exe.run(static_inputs)
-                caller.wait_stream(warm)
-            self.graph = torch.cuda.CUDAGraph(keep_graph=sources is not None)
-            with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
-                # measured inside: entering the capture empties the allocator's cache, so a count taken
-                # before it could fall by more than the pool grows (run 73: a negative size kept a graph
-                # beyond Config.graph_memory_fraction)
-                reserved = torch.cuda.memory_reserved(exe.device)
-                if sources is not None:
-                    stream = torch.cuda.current_stream(exe.device).cuda_stream
-                    for dst, src in zip([static_inputs[i] for i in copied], sources, strict=True):
-                        cudart.memcpy_d2d_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, stream)
-                results = exe.run(static_inputs)
+        caller = torch.cuda.current_stream(exe.device)
+        warm = torch.cuda.Stream(device=exe.device)
+        with exe.writebacks_undone(static_inputs):
+            # after the caller's stream took its saved copies: an input read in place is the caller's
+            # own tensor, which the warm-up updates (session 18: waiting before the copies were taken
+            # let the warm-up's update race them, and the "restore" kept the update)
+            warm.wait_stream(caller)
+            with torch.cuda.stream(warm):  # compiles Triton kernels and settles the allocator outside capture
+                for _ in range(2):
+                    exe.run(static_inputs)
+            caller.wait_stream(warm)
+        self.graph = torch.cuda.CUDAGraph(keep_graph=sources is not None)
+        # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
+        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+            # measured inside: entering the capture empties the allocator's cache, so a count taken
+            # before it could fall by more than the pool grows (run 73: a negative size kept a graph
+            # beyond Config.graph_memory_fraction)
+            reserved = torch.cuda.memory_reserved(exe.device)
+            if sources is not None:
+                stream = torch.cuda.current_stream(exe.device).cuda_stream
+                for dst, src in zip([static_inputs[i] for i in copied], sources, strict=True):
+                    cudart.memcpy_d2d_async(dst.data_ptr(), src.data_ptr(), dst.nbytes, stream)
+            results = exe.run(static_inputs)
         self.reserved_bytes = max(0, torch.cuda.memory_reserved(exe.device) - reserved)
         """What capture reserved: the graph's pool (its buffers' peak and its outputs)."""
         self._adopt(exe, results, static_inputs, copied)

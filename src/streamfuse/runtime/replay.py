@@ -153,16 +153,16 @@ class PinnedGraph:
     def _record(self, staged: list[Any]) -> list[Any]:
         """Capture the plan over `staged` into self.graph (its own pool); the captured outputs."""
         exe = self.exe
-        with blas_workspaces_in_pool():
-            caller = torch.cuda.current_stream(exe.device)
-            warm = torch.cuda.Stream(device=exe.device)
-            warm.wait_stream(caller)
-            with torch.cuda.stream(warm):  # loads every kernel outside capture
-                exe.run(staged)
-            caller.wait_stream(warm)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
-                return exe.run(staged)
+        caller = torch.cuda.current_stream(exe.device)
+        warm = torch.cuda.Stream(device=exe.device)
+        warm.wait_stream(caller)
+        with torch.cuda.stream(warm):  # loads every kernel outside capture
+            exe.run(staged)
+        caller.wait_stream(warm)
+        self.graph = torch.cuda.CUDAGraph()
+        # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
+        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+            return exe.run(staged)
 
     def _launch(self, args: list[Any]) -> None:
         """Run the recorded graph (inputs read in place are where `args` has them: matches() said so)."""
