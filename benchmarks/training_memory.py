@@ -73,6 +73,37 @@ def report(label: str, summary: dict[str, Any], top: int) -> None:
         print(f"  {size / MIB:9.1f} MiB  x{count:<5d} {where}")
 
 
+def _describe(obj: Any) -> str:
+    name = type(obj).__name__
+    if isinstance(obj, dict):
+        return f"dict with keys {[str(k)[:40] for k in list(obj)[:6]]}"
+    if hasattr(obj, "f_code"):
+        return f"frame of {obj.f_code.co_qualname} ({obj.f_code.co_filename.split('/')[-1]}:{obj.f_lineno})"
+    if callable(obj) and hasattr(obj, "__qualname__"):
+        return f"{name} {obj.__qualname__}"
+    return name
+
+
+def holders(depth: int = 3) -> None:
+    """The backend graphs still alive after their model was dropped, and what refers to them, a few
+    levels up (the dropped training graphs' pools stayed allocated in run 103)."""
+    from streamfuse.capture.backend import compiled_graphs
+
+    alive = [g for g in compiled_graphs if g is not None]
+    print(f"  backend graphs still alive: {len(alive)} of {len(compiled_graphs)}")
+    seen: set[int] = {id(alive)}
+    frontier: list[tuple[Any, int]] = [(g, 0) for g in alive[:2]]
+    while frontier:
+        obj, level = frontier.pop(0)
+        for ref in gc.get_referrers(obj)[:8]:
+            if id(ref) in seen or ref is frontier or getattr(ref, "f_code", None) is holders.__code__:
+                continue
+            seen.add(id(ref))
+            print(f"  {'  ' * level}<- {_describe(ref)}")
+            if level + 1 < depth:
+                frontier.append((ref, level + 1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet18,gpt2")
@@ -121,6 +152,7 @@ def main() -> int:
             # gpt2's eager steps): a leak, or a workspace held for good
             report("after the model, its optimizer and Dynamo's caches were dropped", summarize(torch.cuda.memory._snapshot()),
                    args.top)
+            holders()
             torch.cuda.memory._record_memory_history(enabled=None)
     return 0
 
