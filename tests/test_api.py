@@ -225,6 +225,44 @@ def test_an_in_place_view_of_an_intermediate_stays_on_the_one_trace_path(config)
     assert "aten.as_strided.default" in {n.op for n in compiled.graph.nodes}
 
 
+class _SharedEncoding(torch.nn.Module):
+    """One submodule registered under two parents, as timm's CoaT shares its positional encoding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        shared = torch.nn.Linear(8, 8)
+        self.first = torch.nn.Sequential(shared, torch.nn.ReLU())
+        self.second = torch.nn.Sequential(shared, torch.nn.GELU())
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.second(self.first(x)))
+
+
+def test_compiling_leaves_a_model_with_a_shared_submodule_as_it_was(config) -> None:  # type: ignore[no-untyped-def]
+    """torch's restore after functional_call put a traced tensor back under the second name of a
+    shared submodule: the model lost its Parameter, and every later trace (a new batch size, the
+    backend) failed inside functorch (timm's coat_lite_tiny, session 26)."""
+    torch.manual_seed(0)
+    model = _SharedEncoding().eval()
+    before = {id(m): (dict(m._parameters), dict(m._buffers)) for m in model.modules()}
+    weight = model.first[0].weight
+    with torch.no_grad():
+        for rows in (2, 5):  # a second capture of the same model object
+            compiled = streamfuse.compile(model, (randn(rows, 8),), config)
+            x = randn(rows, 8, seed=rows)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    after = {id(m): (dict(m._parameters), dict(m._buffers)) for m in model.modules()}
+    assert all(a is b for k in before for old, new in zip(before[k], after[k], strict=True)
+               for a, b in zip(old.values(), new.values(), strict=True)) and before.keys() == after.keys()
+    assert isinstance(model.second[0].weight, torch.nn.Parameter) and model.second[0].weight is weight
+    torch._dynamo.reset()
+    backend = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        x = randn(4, 8, seed=4)
+        torch.testing.assert_close(backend(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_cli_demo_runs_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,16 +83,40 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
     names = parameter_names(module.forward if module is model else model, len(example_inputs))
     live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     try:
-        return _capture_functional(module, tuple(example_inputs), names)
+        with _state_kept(module):  # after each path: a failed trace must not leave traced tensors behind
+            return _capture_functional(module, tuple(example_inputs), names)
     except _NotOneTrace as first:
         try:
-            captured = _capture_one_trace(module, tuple(example_inputs), live, names)
+            with _state_kept(module):
+                captured = _capture_one_trace(module, tuple(example_inputs), live, names)
             captured.how = f"AOTAutograd export (make_fx did not apply: {_first_line(first)})"
             return captured
         except _NotOneTrace as exc:
-            captured = _capture_export(module, tuple(example_inputs), live, names)
+            with _state_kept(module):
+                captured = _capture_export(module, tuple(example_inputs), live, names)
             captured.how = f"torch.export (one trace did not apply: {_first_line(exc)})"
             return captured
+
+
+@contextlib.contextmanager
+def _state_kept(module: torch.nn.Module) -> Iterator[None]:
+    """Every submodule's own parameters and buffers put back as they were, whatever the traces did.
+
+    The traces swap the model's tensors for traced ones (torch.func.functional_call, torch.export)
+    and swap them back by name. A submodule registered under two parents (timm's CoaT shares one
+    positional-encoding convolution between blocks) is reached by two names, and torch's restore
+    (`_reparametrize_module`, tie_weights) put the first name's original back, then the traced
+    tensor saved under the second: the user's model was left holding a functionalized fake tensor
+    instead of its Parameter, and every later trace of it (a new batch size, torch.compile) failed
+    inside functorch (a CPU sweep of timm, session 26)."""
+    kept = [(owner, table, name, value) for owner in module.modules()
+            for table in (owner._parameters, owner._buffers) for name, value in table.items()]
+    try:
+        yield
+    finally:
+        for _, table, name, value in kept:
+            if table.get(name) is not value:
+                table[name] = value
 
 
 def _first_line(exc: BaseException) -> str:
