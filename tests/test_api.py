@@ -263,6 +263,37 @@ def test_compiling_leaves_a_model_with_a_shared_submodule_as_it_was(config) -> N
         torch.testing.assert_close(backend(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+class _CachedTable(torch.nn.Module):
+    """A forward that caches a tensor in a plain attribute (a position table for the current width)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.table: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table is None or self.table.shape[0] != x.shape[1]:
+            self.table = torch.arange(x.shape[1], dtype=x.dtype, device=x.device)
+        return self.lin(x) + self.table
+
+
+def test_a_tensor_cached_by_forward_is_not_left_traced_on_the_model(config) -> None:  # type: ignore[no-untyped-def]
+    """The trace stored its fake tensor in the attribute; eager calls afterwards used it (and raised)."""
+    torch.manual_seed(0)
+    model = _CachedTable().eval()
+    x = randn(2, 8)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        assert model.table is None  # as before the compile: the trace's table is gone
+        expected = model.lin(x) + torch.arange(8.0)
+        torch.testing.assert_close(model(x), expected)  # eager afterwards builds its own, real table
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5)
+    real = model.table
+    with torch.no_grad():
+        streamfuse.compile(model, (randn(3, 8),), config)
+    assert model.table is real
+
+
 def test_cli_demo_runs_and_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out

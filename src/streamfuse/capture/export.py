@@ -100,7 +100,8 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
 
 @contextlib.contextmanager
 def _state_kept(module: torch.nn.Module) -> Iterator[None]:
-    """Every submodule's own parameters and buffers put back as they were, whatever the traces did.
+    """Every submodule's parameters, buffers and tensor attributes put back as they were, whatever
+    the traces did.
 
     The traces swap the model's tensors for traced ones (torch.func.functional_call, torch.export)
     and swap them back by name. A submodule registered under two parents (timm's CoaT shares one
@@ -108,15 +109,35 @@ def _state_kept(module: torch.nn.Module) -> Iterator[None]:
     (`_reparametrize_module`, tie_weights) put the first name's original back, then the traced
     tensor saved under the second: the user's model was left holding a functionalized fake tensor
     instead of its Parameter, and every later trace of it (a new batch size, torch.compile) failed
-    inside functorch (a CPU sweep of timm, session 26)."""
-    kept = [(owner, table, name, value) for owner in module.modules()
-            for table in (owner._parameters, owner._buffers) for name, value in table.items()]
+    inside functorch (a CPU sweep of timm, session 26). A forward that caches a tensor in a plain
+    attribute (`self.cache = ...`, a position table built for the current length) stored a traced
+    tensor there: eager calls afterwards computed with it, or raised."""
+    kept = [(table, dict(table)) for owner in module.modules()
+            for table in (owner._parameters, owner._buffers, owner.__dict__)]
     try:
         yield
     finally:
-        for _, table, name, value in kept:
-            if table.get(name) is not value:
-                table[name] = value
+        for table, before in kept:
+            plain = _plain_attributes(table)
+            for name, value in list(table.items()):
+                if name not in before:
+                    if _traced(value):
+                        del table[name]
+                elif value is not before[name] and (not plain or _traced(value)):
+                    table[name] = before[name]
+            if not plain:
+                table.update({name: value for name, value in before.items() if name not in table})
+
+
+def _plain_attributes(table: dict[str, Any]) -> bool:
+    return "_parameters" in table  # a module's __dict__ (its parameter and buffer tables do not hold that key)
+
+
+def _traced(value: Any) -> bool:
+    """A tensor the trace made (fake, or functorch's wrapper of one), never a model's own."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return isinstance(value, torch.Tensor) and (is_fake(value) or torch._C._functorch.is_functorch_wrapped_tensor(value))
 
 
 def _first_line(exc: BaseException) -> str:
