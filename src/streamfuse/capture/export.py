@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import is_fake
 from torch.export.graph_signature import InputKind, OutputKind
 
 from streamfuse.capture.decomp import decomposition_table
@@ -112,13 +113,14 @@ def _state_kept(module: torch.nn.Module) -> Iterator[None]:
     inside functorch (a CPU sweep of timm, session 26). A forward that caches a tensor in a plain
     attribute (`self.cache = ...`, a position table built for the current length) stored a traced
     tensor there: eager calls afterwards computed with it, or raised."""
-    kept = [(table, dict(table)) for owner in module.modules()
+    # (table, its entries now, whether it is the module's own __dict__: there only tensors the trace
+    # made are undone, since a forward may legitimately change its plain attributes)
+    kept = [(table, dict(table), table is owner.__dict__) for owner in module.modules()
             for table in (owner._parameters, owner._buffers, owner.__dict__)]
     try:
         yield
     finally:
-        for table, before in kept:
-            plain = _plain_attributes(table)
+        for table, before, plain in kept:
             for name, value in list(table.items()):
                 if name not in before:
                     if _traced(value):
@@ -129,14 +131,8 @@ def _state_kept(module: torch.nn.Module) -> Iterator[None]:
                 table.update({name: value for name, value in before.items() if name not in table})
 
 
-def _plain_attributes(table: dict[str, Any]) -> bool:
-    return "_parameters" in table  # a module's __dict__ (its parameter and buffer tables do not hold that key)
-
-
 def _traced(value: Any) -> bool:
     """A tensor the trace made (fake, or functorch's wrapper of one), never a model's own."""
-    from torch._subclasses.fake_tensor import is_fake
-
     return isinstance(value, torch.Tensor) and (is_fake(value) or torch._C._functorch.is_functorch_wrapped_tensor(value))
 
 
