@@ -166,6 +166,25 @@ def test_unconvertible_graph_runs_eagerly_with_one_warning(config: Any) -> None:
     torch.testing.assert_close(compiled(x), model(x))
 
 
+def test_a_causal_lm_returning_its_cache_says_how_to_compile_it(config: Any) -> None:
+    """transformers' causal LMs return a DynamicCache, which no graph can build: the fallback says to
+    turn the cache off (then the model compiles and matches eager), not just that a pytree is missing."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64)).eval()
+    ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    with torch.no_grad():
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match=r"use_cache = False"):
+            assert isinstance(streamfuse.compile(model, (ids, mask), config), streamfuse.EagerFallback)
+        model.config.use_cache = False
+        compiled = streamfuse.compile(model, (ids, mask), config)
+        assert not isinstance(compiled, streamfuse.EagerFallback)
+        torch.testing.assert_close(compiled(ids, mask).logits, model(ids, mask).logits, rtol=1e-4, atol=1e-4)
+
+
 def test_backend_binds_parameters_of_inference_graphs(config: Any) -> None:
     """Config.backend_cuda_graphs: an inference graph binds its parameters as constants at its first
     call (on CUDA its CUDA graphs then copy in only the token ids); a replaced parameter takes the

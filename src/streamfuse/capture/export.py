@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -294,7 +295,16 @@ def _capture_export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], l
                     names: list[str]) -> Captured:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal pytree deprecations
-        ep = torch.export.export(module, inputs, strict=False)
+        try:
+            ep = torch.export.export(module, inputs, strict=False)
+        except RuntimeError as exc:
+            cache = re.search(r"<class '([\w.]*Cache)'> in output", str(exc))
+            if cache is None:
+                raise
+            raise RuntimeError(f"the model returns a {cache.group(1)} (Hugging Face's past_key_values), which "
+                               "a compiled graph cannot build: set model.config.use_cache = False, or compile a "
+                               "wrapper that returns the logits; torch.compile(model, backend='streamfuse') "
+                               "takes the model as it is") from exc
         ep = ep.run_decompositions(decomposition_table())
     bound: dict[str, torch.Tensor] = {}
     literals: set[str] = set()
