@@ -166,23 +166,70 @@ def test_unconvertible_graph_runs_eagerly_with_one_warning(config: Any) -> None:
     torch.testing.assert_close(compiled(x), model(x))
 
 
-def test_a_causal_lm_returning_its_cache_says_how_to_compile_it(config: Any) -> None:
-    """transformers' causal LMs return a DynamicCache, which no graph can build: the fallback says to
-    turn the cache off (then the model compiles and matches eager), not just that a pytree is missing."""
+def test_a_causal_lm_compiles_with_its_cache_among_the_outputs(config: Any) -> None:
+    """transformers' causal LMs return a DynamicCache (past_key_values) by default: its keys and values
+    become graph outputs (transformers' own pytree support for torch.export) and the call returns a
+    DynamicCache again, equal to eager's, at the example batch and another; with the cache turned
+    off the model compiles too. Afterwards the backend still generates eager's tokens with a growing
+    DynamicCache (the registration is global)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=64)).eval()
     ids = torch.randint(1, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 8, dtype=torch.long)
     with torch.no_grad():
-        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match=r"use_cache = False"):
-            assert isinstance(streamfuse.compile(model, (ids, mask), config), streamfuse.EagerFallback)
-        model.config.use_cache = False
         compiled = streamfuse.compile(model, (ids, mask), config)
         assert not isinstance(compiled, streamfuse.EagerFallback)
-        torch.testing.assert_close(compiled(ids, mask).logits, model(ids, mask).logits, rtol=1e-4, atol=1e-4)
+        for batch in (2, 3):
+            ids_b = torch.randint(1, 128, (batch, 8), generator=torch.Generator().manual_seed(batch))
+            mask_b = torch.ones(batch, 8, dtype=torch.long)
+            mask_b[0, :2] = 0  # left padding
+            out, ref = compiled(ids_b, mask_b), model(ids_b, mask_b)
+            _close(out.logits, ref.logits)
+            assert type(out.past_key_values) is type(ref.past_key_values)
+            assert len(out.past_key_values.layers) == len(ref.past_key_values.layers) == 2
+            for got, want in zip(out.past_key_values.layers, ref.past_key_values.layers, strict=True):
+                _close(got.keys, want.keys)
+                _close(got.values, want.values)
+        model.config.use_cache = False
+        plain = streamfuse.compile(model, (ids, mask), config)
+        assert not isinstance(plain, streamfuse.EagerFallback)
+        _close(plain(ids, mask).logits, model(ids, mask).logits)
+        model.config.use_cache = True
+        kwargs: dict[str, Any] = dict(max_new_tokens=3, do_sample=False, pad_token_id=0, attention_mask=mask)
+        want_tokens = model.generate(ids, **kwargs)
+        torch._dynamo.reset()
+        forward = model.forward
+        model.forward = torch.compile(forward, backend=streamfuse.make_backend(config))
+        try:
+            got_tokens = model.generate(ids, **kwargs)
+        finally:
+            model.forward = forward
+            torch._dynamo.reset()
+    assert torch.equal(got_tokens, want_tokens)
+
+
+def test_a_seq2seq_model_compiles_with_its_encoder_decoder_cache(config: Any) -> None:
+    """T5ForConditionalGeneration returns an EncoderDecoderCache (self- and cross-attention
+    DynamicCaches): both come back from the compiled call, equal to eager's."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        num_layers=1, d_model=32, d_kv=8, num_heads=4, d_ff=64, vocab_size=VOCAB)).eval()
+    ids, labels = _ids(2, 7, seed=5), _ids(2, 5, seed=6)
+    with torch.no_grad():
+        compiled = streamfuse.compile(lambda a, b: model(input_ids=a, decoder_input_ids=b), (ids, labels), config)
+        assert not isinstance(compiled, streamfuse.EagerFallback)
+        out, ref = compiled(ids, labels), model(input_ids=ids, decoder_input_ids=labels)
+    _close(out.logits, ref.logits)
+    assert type(out.past_key_values) is type(ref.past_key_values)
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        for got, want in zip(getattr(out.past_key_values, part).layers, getattr(ref.past_key_values, part).layers,
+                             strict=True):
+            _close(got.keys, want.keys)
+            _close(got.values, want.values)
 
 
 def test_backend_binds_parameters_of_inference_graphs(config: Any) -> None:

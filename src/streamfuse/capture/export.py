@@ -85,6 +85,20 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
     names = parameter_names(module.forward if module is model else model, len(example_inputs))
     live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     try:
+        return _capture_paths(module, tuple(example_inputs), live, names)
+    except _CacheOutput as exc:
+        # a Hugging Face causal LM returning its DynamicCache: transformers' own pytree support for
+        # it (the one its torch.export integration registers) makes the cache's tensors graph outputs
+        # and the call's result a DynamicCache again; without it, the reason goes to the fallback
+        if not _hf_cache_registered():
+            raise RuntimeError(str(exc)) from exc
+        return _capture_paths(module, tuple(example_inputs), live, names)
+
+
+def _capture_paths(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], live: dict[str, torch.Tensor],
+                   names: list[str]) -> Captured:
+    """The capture paths in order: make_fx over functionalize, AOTAutograd's export, torch.export."""
+    try:
         with _state_kept(module):  # after each path: a failed trace must not leave traced tensors behind
             return _capture_functional(module, tuple(example_inputs), names)
     except _NotOneTrace as first:
@@ -140,6 +154,35 @@ def _traced(value: Any) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+class _CacheOutput(RuntimeError):
+    """torch.export found a transformers cache object among the model's outputs."""
+
+
+def _hf_cache_registered() -> bool:
+    """Registers transformers' pytree flattening of DynamicCache (its torch.export support) once;
+    False where that cannot be done (an older transformers, or already registered and still
+    failing, or a cache class it does not cover)."""
+    global _HF_CACHE_DONE
+    if _HF_CACHE_DONE:
+        return False
+    _HF_CACHE_DONE = True
+    try:
+        from transformers.cache_utils import EncoderDecoderCache
+        from transformers.integrations.executorch import register_dynamic_cache_export_support
+        register_dynamic_cache_export_support()
+    except Exception:  # noqa: BLE001 - an older or newer transformers without it: the fallback says why
+        return False
+    if EncoderDecoderCache not in pytree.SUPPORTED_NODES:  # seq2seq models (T5, BART, Whisper): two DynamicCaches
+        pytree.register_pytree_node(
+            EncoderDecoderCache, lambda cache: ([cache.self_attention_cache, cache.cross_attention_cache], None),
+            lambda caches, _: EncoderDecoderCache(*caches),
+            serialized_type_name=f"{EncoderDecoderCache.__module__}.{EncoderDecoderCache.__name__}")
+    return True
+
+
+_HF_CACHE_DONE = False
 
 
 class _NotOneTrace(Exception):
@@ -301,7 +344,7 @@ def _capture_export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], l
             cache = re.search(r"<class '([\w.]*Cache)'> in output", str(exc))
             if cache is None:
                 raise
-            raise RuntimeError(f"the model returns a {cache.group(1)} (Hugging Face's past_key_values), which "
+            raise _CacheOutput(f"the model returns a {cache.group(1)} (Hugging Face's past_key_values), which "
                                "a compiled graph cannot build: set model.config.use_cache = False, or compile a "
                                "wrapper that returns the logits; torch.compile(model, backend='streamfuse') "
                                "takes the model as it is") from exc
