@@ -131,6 +131,24 @@ def test_wrong_shape_for_the_model_raises_eager_error(config) -> None:  # type: 
         compiled(randn(4, 8), randn(4, 9))  # eager's own error, as without streamfuse
 
 
+def test_one_tensor_given_for_several_example_inputs_stays_several_inputs(config) -> None:  # type: ignore[no-untyped-def]
+    """`(x, x)` as example inputs, or nn.MultiheadAttention compiled on `(q, q, q)` (its forward
+    takes a packed path when `key is query`): later calls with different tensors match eager."""
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * 2 + b.sin()
+
+    x, y = randn(4, 8, seed=1), randn(4, 8, seed=2)
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+    q, k, v = randn(2, 5, 16, seed=3), randn(2, 5, 16, seed=4), randn(2, 5, 16, seed=5)
+    with torch.no_grad():
+        compiled = streamfuse.compile(fn, (x, x), config)
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+        attention = streamfuse.compile(mha, (q, q, q), config)
+        torch.testing.assert_close(attention(q, k, v)[0], mha(q, k, v)[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attention(q, q, q)[0], mha(q, q, q)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor or a tuple of tensors"):
         streamfuse.compile(torch.relu, 3.0, config)

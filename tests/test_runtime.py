@@ -131,6 +131,41 @@ def test_padding_to_a_bucket_gives_eager_results(config) -> None:  # type: ignor
     assert set(compiled._variants) == {1, 2, 4, 8, 16}
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: x * x.shape[0],  # the batch size as a number
+    lambda x: x.sum(1) / x.numel(),  # the batch inside a count
+    lambda x: x[:, None, :].expand(-1, x.shape[0], -1).sum(1),  # the batch as a size of another dim
+    lambda x: F.linear(x, torch.ones(8, 8) / x.shape[0]),  # a constant made from the batch
+], ids=["times-batch", "numel", "expand-by-batch", "constant-by-batch"])
+@pytest.mark.parametrize("compiled_batch", [4, 1])
+def test_a_batch_size_the_model_uses_as_a_number_is_never_padded(fn, compiled_batch, config) -> None:  # type: ignore[no-untyped-def]
+    """Rows that do not mix (ir/batch.py) are not enough: a batch size the trace turned into a
+    number would be the bucket's in a padded call. The model traced at a second batch size must
+    differ only where the batch is a size; otherwise each batch gets a plan of its own."""
+    with torch.no_grad():
+        compiled = streamfuse.compile(fn, (randn(compiled_batch, 8),), config)
+        for batch in (3, 5, 1, 2):
+            x = randn(batch, 8, seed=batch)
+            torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
+    assert compiled.batch_reason is not None and "not the same function of the batch" in compiled.batch_reason
+
+
+def test_a_model_that_only_reshapes_by_the_batch_keeps_its_padding(config) -> None:  # type: ignore[no-untyped-def]
+    """Sizes that follow the batch (a view to (B, 2, -1), zeros(B, n), an expand to (B, n)) are the
+    same function at every batch: padding stays, at a compiled batch of 4 and of 1."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        return x.view(b, 2, -1).sum(1) + torch.zeros(b, 4) + torch.ones(1, 4).expand(b, 4) * 2
+
+    for compiled_batch in (4, 1):
+        with torch.no_grad():
+            compiled = streamfuse.compile(fn, (randn(compiled_batch, 8),), config)
+            for batch in (3, 1, 5):
+                x = randn(batch, 8, seed=batch)
+                torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
+        assert compiled.batch_reason is None and compiled.stats["specializations"] == 0
+
+
 def test_bad_batches_and_shapes_give_clear_errors(config) -> None:  # type: ignore[no-untyped-def]
     config = config.replace(max_specializations=0)  # strict: no plan of its own for another shape
     with torch.no_grad():

@@ -60,6 +60,7 @@ def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -
 
 def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph:
     from streamfuse.capture.export import Captured, capture
+    from streamfuse.ir.batch import batch_signature, differs_beyond_batch
     from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import Graph
@@ -85,9 +86,40 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     device = graph_device(graph, inputs)
     capture_s = time.perf_counter() - start
 
+    signature = batch_signature(graph)  # before build_executable rewrites the graph for its device
+    base_batch = inputs[0].shape[0] if inputs and inputs[0].dim() > 0 else 0
+
+    def traced_at(batch: int) -> Graph:
+        return convert(capture(model, tuple(torch.zeros((batch,) + t.shape[1:], dtype=t.dtype, device=t.device)
+                                            for t in inputs)))
+
+    def compare(sig: list[Any], batch: int, other: Graph, other_batch: int) -> None:
+        reason = differs_beyond_batch(sig, batch_signature(other), batch, other_batch)
+        if reason is not None:
+            raise ValueError(f"the model is not the same function of the batch: {reason}")
+
+    def at_batch(examples: list[torch.Tensor]) -> Graph:
+        """The same model captured at another batch size, compared with the compiled one where
+        neither batch is 1 (a trace at batch 1 may drop size-1 views)."""
+        other = convert(capture(model, tuple(examples)))
+        if min(base_batch, examples[0].shape[0]) >= 2:
+            compare(signature, base_batch, other, examples[0].shape[0])
+        return other
+
+    def batch_check(batch: int) -> None:
+        """Once, before any padding: the model traced at two batch sizes of at least 2 differs only
+        where the batch is a size (ir/batch.py: a batch size the trace made a number is a
+        ValueError)."""
+        if base_batch >= 2:
+            other = batch if batch >= 2 else base_batch + 1
+            compare(signature, base_batch, traced_at(other), other)
+        else:
+            first = max(batch, 2)
+            compare(batch_signature(traced_at(first)), first, traced_at(first + 1), first + 1)
+
     def recapture(examples: list[torch.Tensor]) -> Any:
         """The same model captured at another batch size (a batch bucket)."""
-        return build_executable(convert(capture(model, tuple(examples))), config, device)
+        return build_executable(at_batch(examples), config, device)
 
     def specialize(examples: tuple[torch.Tensor, ...]) -> CompiledGraph | EagerFallback:
         """The same model compiled for inputs of other shapes or dtypes."""
@@ -95,7 +127,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
 
     call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
     compiled = build(graph, config, device, call, recapture=None if captured.mutated else recapture,
-                     specialize=specialize, eager=model)
+                     specialize=specialize, eager=model, batch_check=batch_check)
     compiled.base.compile_times = {"capture": capture_s, **compiled.base.compile_times}
     compiled.capture_path = captured.how
     return compiled

@@ -83,6 +83,7 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
     names = parameter_names(module.forward if module is model else model, len(example_inputs))
+    example_inputs = _distinct(example_inputs)
     live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     try:
         return _capture_paths(module, tuple(example_inputs), live, names)
@@ -112,6 +113,23 @@ def _capture_paths(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, 
                 captured = _capture_export(module, tuple(example_inputs), live, names)
             captured.how = f"torch.export (one trace did not apply: {_first_line(exc)})"
             return captured
+
+
+def _distinct(example_inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Example inputs that share memory with an earlier one, copied: one tensor passed for two
+    arguments (`(x, x)`, nn.MultiheadAttention's `(q, q, q)`) would be traced as one input, or down
+    a path chosen by `key is query`, and later calls with different tensors would compute the wrong
+    function. Calls may still pass aliased tensors: the graph does not write its inputs."""
+    seen: set[int] = set()
+    result = []
+    for t in example_inputs:
+        try:
+            ptr = t.untyped_storage().data_ptr() if t.numel() else 0
+        except (RuntimeError, NotImplementedError):  # a tensor without real storage (fake, meta)
+            ptr = 0
+        result.append(t.clone() if ptr and ptr in seen else t)
+        seen.add(ptr)
+    return tuple(result)
 
 
 @contextlib.contextmanager

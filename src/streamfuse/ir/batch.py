@@ -9,6 +9,7 @@ belongs to one batch element. Anything it cannot prove returns a reason instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -204,3 +205,76 @@ def _view(n: Node, src_state: Rows, batch: int) -> State | tuple[str]:
     if name == "expand":
         return src_state if src.shape and src.shape[0] == n.shape[0] else ("expands along dim 0",)
     return ("view not analysed",)
+
+
+# -- the same function of the batch ---------------------------------------------------------------
+# The analysis above proves that rows do not mix; it cannot see a batch size that the trace turned
+# into a number (`x * x.shape[0]`, `x.sum(1) / x.numel()`, `expand(-1, x.shape[0], -1)`): at the
+# compiled batch the graph holds a literal, and padded rows would be computed with the bucket's
+# value (the session-27 CPU sweep: errors of 1.5 at batch 3 of a batch-4 plan). So the model is also
+# traced at a second batch size, and the two graphs must differ only where the batch is a size:
+# dim 0 of every node (scaled alike), the first entry of a size list, arange's bounds.
+
+NodeSig = tuple[str, tuple[int, ...], str, Any, Any]
+"""(op, shape, dtype, args, kwargs) with node references as ("%", position in the graph)."""
+
+
+def batch_signature(graph: Graph) -> list[NodeSig]:
+    """What two captures of one model at two batch sizes must share (see `differs_beyond_batch`);
+    small constants (up to 64 elements: lifted literals such as torch.tensor(x.shape[0])) by value."""
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+
+    def skeleton(a: Any) -> Any:
+        if isinstance(a, Node):
+            return ("%", index.get(id(a), -1))
+        if isinstance(a, (list, tuple)):
+            return tuple(skeleton(x) for x in a)
+        if isinstance(a, dict):
+            return tuple(sorted((k, skeleton(v)) for k, v in a.items()))
+        if isinstance(a, torch.Tensor):
+            return ("tensor", tuple(a.shape), str(a.dtype))
+        return a
+
+    sig: list[NodeSig] = []
+    for n in graph.nodes:
+        value = graph.constants.get(n)
+        small = tuple(value.detach().flatten().tolist()) if isinstance(value, torch.Tensor) and value.numel() <= 64 else None
+        sig.append((n.op, tuple(n.shape), str(n.dtype), skeleton(n.args), (skeleton(n.kwargs), small)))
+    return sig
+
+
+def differs_beyond_batch(base: list[NodeSig], other: list[NodeSig], batch: int, other_batch: int) -> str | None:
+    """Why the graph traced at `other_batch` is not the one traced at `batch` with the batch
+    changed, or None when it is."""
+    if len(base) != len(other):
+        return f"the graph has {len(base)} nodes at batch {batch} and {len(other)} at batch {other_batch}"
+
+    def scaled(s: Any, t: Any) -> bool:
+        return isinstance(s, int) and isinstance(t, int) and not isinstance(s, bool) and s > 0 \
+            and s % batch == 0 and t == s // batch * other_batch
+
+    def same(s: Any, t: Any, size_list: bool, bounds: bool) -> bool:
+        if isinstance(s, tuple) and isinstance(t, tuple):
+            if len(s) != len(t):
+                return False
+            if s[:1] == ("%",):
+                return s == t
+            # a list of ints is a size list: its first entry may be the batch
+            ints = all(isinstance(x, int) for x in s)
+            return all(same(x, y, size_list and ints and i == 0, bounds) for i, (x, y) in enumerate(zip(s, t)))
+        if s == t or (isinstance(s, float) and isinstance(t, float) and s != s and t != t):
+            return True
+        return (size_list or bounds) and scaled(s, t)
+
+    for i, (s, t) in enumerate(zip(base, other, strict=True)):
+        op, shape, dtype, args, kwargs = s
+        if (op, dtype) != (t[0], t[2]):
+            return f"node {i} is {op} at batch {batch} and {t[0]} at batch {other_batch}"
+        if len(shape) != len(t[1]) or shape[1:] != t[1][1:] or not (shape[:1] == t[1][:1] or scaled(shape[0], t[1][0])):
+            return f"node {i} ({op}) has shape {list(shape)} at batch {batch} and {list(t[1])} at batch {other_batch}"
+        bounds = packet_name(op) == "arange"
+        # args: the top-level tuple itself is not a size list; its list entries may be
+        if not all(same(x, y, True, bounds) if isinstance(x, tuple) and x[:1] != ("%",) else same(x, y, False, bounds)
+                   for x, y in zip(args, t[3])) or len(args) != len(t[3]) or not same(kwargs, t[4], False, False):
+            return f"node {i} ({op}) takes a number that follows the batch size ({batch} -> {other_batch})"
+    return None

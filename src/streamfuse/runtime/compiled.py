@@ -49,16 +49,23 @@ class CallSpec:
 
 def build(graph: Graph, config: Config, device: torch.device, call: CallSpec | None = None,
           recapture: Recapture | None = None, specialize: Specialize | None = None,
-          eager: Callable[..., Any] | None = None) -> CompiledGraph:
-    return CompiledGraph(build_executable(graph, config, device), call or CallSpec(), recapture, specialize, eager)
+          eager: Callable[..., Any] | None = None, batch_check: Callable[[int], None] | None = None
+          ) -> CompiledGraph:
+    return CompiledGraph(build_executable(graph, config, device), call or CallSpec(), recapture, specialize, eager,
+                         batch_check)
 
 
 class CompiledGraph:
     """A captured, planned and generated graph. Call it like the model it came from."""
 
     def __init__(self, base: Executable, call: CallSpec, recapture: Recapture | None = None,
-                 specialize: Specialize | None = None, eager: Callable[..., Any] | None = None):
+                 specialize: Specialize | None = None, eager: Callable[..., Any] | None = None,
+                 batch_check: Callable[[int], None] | None = None):
         self.base = base
+        self.batch_check = batch_check
+        """Traces the model at other batch sizes and raises where it is not the same function of the
+        batch (ir/batch.py differs_beyond_batch); run once, at the first call of another batch,
+        before any padding (buckets built later compare again in `recapture`)."""
         self.eager = eager
         """The model itself (or the graph handed to the backend): what runs if the plan fails on its
         first call with anything but bad input."""
@@ -265,6 +272,8 @@ class CompiledGraph:
         # a 0-d first input has no batch dimension: the batch is fixed (batch_rows gives a reason), and
         # the call runs the compiled one (run 85 on the GPU: -1 here sent the replay to a bucket "-1")
         batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() > 0 else self.base_batch
+        if batch != self.base_batch and self.batch_reason is None and self.batch_check is not None:
+            self._check_function_of_batch(inputs, batch)
         flexible = self.batch_reason is None
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
             ok = isinstance(t, torch.Tensor) and t.dtype == node.dtype and t.device == self.device
@@ -280,6 +289,19 @@ class CompiledGraph:
                 raise_bad_input(i, t, _with_batch(node, batch) if flexible else node, self.device,
                                 self.call.input_names, note)
         return batch
+
+    def _check_function_of_batch(self, inputs: Sequence[Any], batch: int) -> None:
+        """Once, at the first call of another batch: the model captured at that batch must be the
+        compiled graph with the batch changed; otherwise the batch is fixed (batch_reason) and other
+        batches get plans of their own."""
+        check, self.batch_check = self.batch_check, None
+        if not all(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch for t in inputs):
+            self.batch_check = check  # not a batch change the padding would take: bad input decides
+            return
+        try:
+            check(batch)  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - not provably the same function: no padding
+            self.batch_reason = f"{type(exc).__name__}: {exc}"[:300]
 
     def _specialization(self, inputs: Sequence[Any]) -> Any:
         """The model compiled for these inputs' shapes and dtypes: built on first use, at most
