@@ -202,16 +202,34 @@ def test_the_pass_on_its_own(device) -> None:  # type: ignore[no-untyped-def]
         assert conv.shape[1] == 4 and conv.dtype == torch.float32
 
 
-def test_folding_snapshots_the_weights_at_compile_time(config) -> None:  # type: ignore[no-untyped-def]
-    model = conv_bn(nn.Conv2d(3, 4, 3), 4, seed=8)
-    x = randn(2, 3, 6, 6)
+def test_folded_weights_follow_in_place_changes_of_the_parameters(config, device) -> None:  # type: ignore[no-untyped-def]
+    """streamfuse.compile's folded weights are computed again, in place, when a parameter or
+    statistic they came from changed in place (an optimizer step, load_state_dict, `p.add_()`),
+    at the compiled batch and in a padded bucket; the sibling filters stacked from them
+    (Config.merge_sibling_convolutions) follow."""
+    class Siblings(nn.Module):  # two conv + BN branches reading one input: merged into one convolution
+        def __init__(self, seed: int):
+            super().__init__()
+            torch.manual_seed(seed)
+            self.a = conv_bn(nn.Conv2d(3, 4, 1), 4, seed=seed)
+            self.b = conv_bn(nn.Conv2d(3, 4, 1), 4, seed=seed + 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([self.a(x), self.b(x)], 1)
+
+    model, other = Siblings(8).to(device).eval(), Siblings(10).to(device).eval()
+    x, x3 = randn(2, 3, 6, 6).to(device), randn(3, 3, 6, 6, seed=3).to(device)
     with torch.no_grad():
-        folded = streamfuse.compile(model, (x,), config)
-        live = streamfuse.compile(model, (x,), config.replace(fold_batchnorm=False))
-        before = model(x)
-        model[1].weight.mul_(2.0)  # an in-place update after compiling
-        torch.testing.assert_close(folded(x), before, rtol=1e-4, atol=1e-4)  # the snapshot
-        torch.testing.assert_close(live(x), model(x), rtol=1e-4, atol=1e-4)  # reads the live parameter
+        folded = streamfuse.compile(model, (x,), config.replace(merge_sibling_convolutions=True))
+        assert folded.weights_watch is not None and count(folded.graph, "aten.convolution.default") == 1
+        for change in (lambda: model.a[0].weight.add_(0.5), lambda: model.b[1].running_mean.add_(1.0),
+                       lambda: model.a[1].weight.mul_(2.0), lambda: model.load_state_dict(other.state_dict())):
+            change()
+            torch.testing.assert_close(folded(x), model(x), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(folded(x3), model(x3), rtol=1e-4, atol=1e-4)
+        assert folded.weights_watch.refreshes == 4
+        torch.testing.assert_close(folded(x), model(x), rtol=1e-4, atol=1e-4)
+        assert folded.weights_watch.refreshes == 4  # nothing changed: nothing computed again
 
 
 def test_batch_buckets_share_one_snapshot_of_the_folds(config) -> None:  # type: ignore[no-untyped-def]

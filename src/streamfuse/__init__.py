@@ -128,6 +128,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
     compiled = build(graph, config, device, call, recapture=None if captured.mutated else recapture,
                      specialize=specialize, eager=model, batch_check=batch_check)
+    compiled.weights_watch = snapshots.watch()
     compiled.base.compile_times = {"capture": capture_s, **compiled.base.compile_times}
     compiled.capture_path = captured.how
     return compiled

@@ -218,7 +218,7 @@ class StaticParamsGraph:
 
     Inference batch-norms are folded into their convolutions' weights (Config.fold_batchnorm), as
     streamfuse.compile does, so both entry points run the same plan: the folded weights are
-    snapshots the plan owns (a channels_last convolution converts them once, not per call). Unlike
+    snapshots the plan owns (a channels_last convolution converts them once, not per call). Like
     streamfuse.compile's, these snapshots are watched: every call compares the version counters of
     the tensors they were computed from (an in-place change, e.g. an optimizer step or
     load_state_dict between evaluations, bumps them), and the first call that finds one changed

@@ -21,11 +21,13 @@ and affine parameters are all compile-time constants, the convolution is not tra
 weight is [in, out/groups, ...]: channels are not dim 0), and the batch-norm is the convolution
 result's only reader (otherwise the other readers would see the normalized values).
 
-Snapshot semantics: the folded tensors are computed once, at compile time (in float64, then cast
-to the weight's dtype, on the weight's device). Later in-place changes to the module's conv or
-batch-norm parameters are not seen by the compiled graph; compile again. The same holds for
-TensorRT and Inductor's freezing. `Config(fold_batchnorm=False)` keeps today's behaviour: the
-batch-norm runs as a fused epilogue that reads the live parameters on every call.
+Snapshot semantics: the folded tensors are computed at compile time (in float64, then cast to the
+weight's dtype, on the weight's device). streamfuse.compile watches the tensors they came from
+(SnapshotWatch: a version-counter compare per call) and computes them again in place when one
+changed in place (an optimizer step, load_state_dict, `p.add_()`; until session 27 such changes
+were silently not seen); the backend binds its graph again unfolded instead (capture/backend.py).
+Assigning a parameter's `.data` or a new Parameter is not seen: compile again. `Config(fold_batchnorm=False)`
+runs the batch-norm as a fused epilogue that reads the live parameters on every call.
 """
 
 from __future__ import annotations
@@ -61,26 +63,72 @@ class SnapshotCache:
     and gives every bucket the same snapshot even if the module's weights changed in between."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[object, ...], tuple[tuple[torch.Tensor | None, ...], Any]] = {}
+        self._entries: dict[tuple[object, ...], tuple[tuple[torch.Tensor | None, ...], Any, Callable[[], Any]]] = {}
 
     def get(self, sources: tuple[torch.Tensor | None, ...], what: object, make: Callable[[], T]) -> T:
+        """`make()` (which must read `sources` alone, at call time), computed once per sources."""
         key = (*(id(t) for t in sources), what)
         hit = self._entries.get(key)
         # the entry holds its sources, so their ids cannot be reused while it lives; `is` is a guard
         if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
             return hit[1]  # type: ignore[no-any-return]
         value = make()
-        self._entries[key] = (sources, value)
+        self._entries[key] = (sources, value, make)
         return value
 
     def sources(self) -> list[torch.Tensor]:
         """Every distinct tensor a snapshot was computed from (to watch for in-place changes)."""
         seen: dict[int, torch.Tensor] = {}
-        for tensors, _ in self._entries.values():
+        for tensors, _, _ in self._entries.values():
             for t in tensors:
                 if t is not None:
                     seen.setdefault(id(t), t)
         return list(seen.values())
+
+    def refresh(self) -> None:
+        """Every snapshot computed again from its sources' current values and copied into the
+        tensors the plans read (their addresses stay: recorded CUDA graphs see the new values).
+        In the order they were made, so a snapshot of snapshots (stacked folded filters) follows."""
+        with torch.no_grad():
+            for _, value, make in self._entries.values():
+                fresh = make()
+                for old, new in zip(_tensors(value), _tensors(fresh), strict=True):
+                    old.copy_(new)
+
+    def watch(self) -> SnapshotWatch | None:
+        """A watch over the model's own tensors behind the snapshots; None if there are none (or
+        they keep no version counter: made under inference_mode)."""
+        made = {id(t) for _, value, _ in self._entries.values() for t in _tensors(value)}
+        live = [t for t in self.sources() if id(t) not in made]
+        if not live or any(t.is_inference() for t in live):
+            return None
+        return SnapshotWatch(self, live)
+
+
+class SnapshotWatch:
+    """streamfuse.compile's folded weights follow the model: each call compares the version counters
+    of the parameters and buffers they were computed from (an optimizer step, load_state_dict or a
+    `p.add_()` bumps them) and, when one moved, computes every snapshot again in place. A version
+    read per source tensor per call (resnet50: 265 tensors, ~10 µs of host time). Assigning a
+    tensor's `.data` bumps no counter and is not seen."""
+
+    def __init__(self, cache: SnapshotCache, tensors: list[torch.Tensor]):
+        self.cache = cache
+        self.tensors = tensors
+        self.versions = [t._version for t in tensors]
+        self.refreshes = 0
+        """Times the snapshots were computed again."""
+
+    def check(self) -> None:
+        versions = [t._version for t in self.tensors]
+        if versions != self.versions:
+            self.cache.refresh()
+            self.versions = versions
+            self.refreshes += 1
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else [t for t in value if isinstance(t, torch.Tensor)]
 
 
 @dataclass
@@ -99,7 +147,7 @@ class _Match:
     """The batch-norm's nodes, removed by the fold; the last one's readers read the conv instead."""
 
 
-SNAPSHOT_NOTE = "a snapshot taken at compile time: compile again after changing the parameters"
+SNAPSHOT_NOTE = "a snapshot, computed again in place when a parameter it came from changes in place"
 
 
 def fold_batchnorm(graph: Graph, cache: SnapshotCache | None = None, note: str = SNAPSHOT_NOTE) -> int:
@@ -118,8 +166,8 @@ def fold_batchnorm(graph: Graph, cache: SnapshotCache | None = None, note: str =
         match = _match(graph, conv)
         if match is None:
             continue
-        weight, bias = cache.get(_sources(graph, match), ("batch-norm fold", match.eps),
-                                 partial(_fold_tensors, graph, match))
+        sources = _sources(graph, match)
+        weight, bias = cache.get(sources, ("batch-norm fold", match.eps), partial(_fold_tensors, sources, match.eps))
         _rewrite(graph, match, weight, bias, note)
         replaced += [match.weight, match.bias, match.gamma, match.beta, match.mean, match.var]
         folds += 1
@@ -245,12 +293,13 @@ def _sources(graph: Graph, m: _Match) -> Sources:
                  for n in (m.weight, m.bias, m.gamma, m.beta, m.mean, m.var))
 
 
-def _fold_tensors(graph: Graph, m: _Match) -> tuple[torch.Tensor, torch.Tensor]:
+def _fold_tensors(sources: Sources, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """W' = W * s per output channel and b' = (b - mean) * s + beta, s = gamma / sqrt(var + eps).
 
     In float64 (rsqrt of a tiny variance and the subtraction lose bits in float32), then cast
-    to the weight's dtype (ATen's convolution requires the bias in the weight's dtype)."""
-    weight, bias, gamma, beta, mean, var = _sources(graph, m)
+    to the weight's dtype (ATen's convolution requires the bias in the weight's dtype). Reads the
+    source tensors themselves, so SnapshotCache.refresh can compute it again from their new values."""
+    weight, bias, gamma, beta, mean, var = sources
     assert weight is not None and mean is not None and var is not None
     device = weight.device
 
@@ -258,7 +307,7 @@ def _fold_tensors(graph: Graph, m: _Match) -> tuple[torch.Tensor, torch.Tensor]:
         return t.detach().to(device=device, dtype=torch.float64)
 
     with torch.no_grad():
-        scale = torch.rsqrt(wide(var) + m.eps)
+        scale = torch.rsqrt(wide(var) + eps)
         if gamma is not None:
             scale = scale * wide(gamma)
         shift = (wide(bias) if bias is not None else 0.0) - wide(mean)

@@ -110,6 +110,9 @@ class CompiledGraph:
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
+        self.weights_watch: Any = None
+        """streamfuse.compile's folded weights (ir/fold.SnapshotWatch): computed again in place, before
+        the call, when a parameter they came from changed in place; None where nothing was folded."""
         self.inputs_moved = 0
         """Calls whose inputs updated in place had moved from where the graph read them (runtime/graphs.py)."""
 
@@ -183,6 +186,8 @@ class CompiledGraph:
                    for t in (*inputs, *self.base.graph.constants.values()))
 
     def _call(self, inputs: tuple[Any, ...]) -> Any:
+        if self.weights_watch is not None:
+            self.weights_watch.check()
         if self.base.scalar_inputs:
             inputs = tuple(self.base.device_scalars(inputs))
         try:
@@ -212,6 +217,8 @@ class CompiledGraph:
 
     def run_flat(self, inputs: list[Any]) -> list[Any]:
         """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out."""
+        if self.weights_watch is not None:
+            self.weights_watch.check()
         if not self._proven:
             return self._first_calls(lambda args: self._run_flat(list(args)), inputs)
         return self._run_flat(inputs)

@@ -198,7 +198,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
             owned = w in graph.snapshots
             steps.append(ChannelsLastConvStep(g, slot, graph.constants[w] if owned else None,
                                               convert_back=not keep_cl[g.name],
-                                              source=graph.constants.get(w) if not owned else None))
+                                              source=graph.constants.get(w)))
             continue
         if g.kind.generated and executor == "triton":
             kernel = _load(sources[g.id], config)

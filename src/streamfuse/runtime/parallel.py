@@ -84,4 +84,5 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
     device = graph_device(graphs[0], normalize_inputs(models[0][1]))
     merged = disjoint_union(graphs, [f"m{i}_" for i in range(len(graphs))])
     compiled = build(merged, config, device, CallSpec(out_spec=None), recapture=None)
+    compiled.weights_watch = snapshots.watch()
     return ParallelModels(compiled, counts, specs)

@@ -101,7 +101,8 @@ class ChannelsLastConvStep(NodeStep):
     """A 2-D convolution (one node, NCHW input and output) run through cuDNN in channels_last:
     the input is converted, the result converted back to the contiguous NCHW the plan expects
     (unless only generated kernels read it: `convert_back`).
-    A weight the graph owns (a folded snapshot) is converted once here. A live parameter bound as a
+    A weight the graph owns (a folded snapshot) is converted once here, and again when the snapshot
+    is computed again in place (ir/fold.SnapshotWatch). A live parameter bound as a
     constant (`source`) is converted once too, into a buffer of the step's that the caller refreshes
     in place whenever the parameter's version counter moved (Executable.refresh_weights: an
     in-place update, an optimizer step or load_state_dict, is seen by the next call, replays of
@@ -118,6 +119,9 @@ class ChannelsLastConvStep(NodeStep):
             weight = source  # channels_last already (a 1x1 filter): read where it is, live
             if not source.is_contiguous(memory_format=torch.channels_last):
                 self.source, self.version = source, source._version
+        elif weight is not None and source is weight and not weight.is_inference() and \
+                not weight.is_contiguous(memory_format=torch.channels_last):
+            self.source, self.version = weight, weight._version  # an owned snapshot, refreshed in place (ir/fold.py)
         with torch.no_grad():
             self.weight = None if weight is None else weight.detach().contiguous(memory_format=torch.channels_last)
         self.convert_back = convert_back
