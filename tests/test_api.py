@@ -6,6 +6,7 @@ import importlib.metadata
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -147,6 +148,58 @@ def test_one_tensor_given_for_several_example_inputs_stays_several_inputs(config
         attention = streamfuse.compile(mha, (q, q, q), config)
         torch.testing.assert_close(attention(q, k, v)[0], mha(q, k, v)[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(attention(q, q, q)[0], mha(q, q, q)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_call_that_would_record_gradients_warns_even_after_the_first_call(config) -> None:  # type: ignore[no-untyped-def]
+    """streamfuse.compile's results carry no gradients: a call with grad enabled where a parameter or
+    an input requires grad warns, at whichever call that first happens (once per model)."""
+    compiled = streamfuse.compile(lambda t: t.exp(), (randn(2, 8),), config)
+    with torch.no_grad():
+        compiled(randn(2, 8))
+    x = randn(2, 8, seed=3).requires_grad_()
+    with pytest.warns(UserWarning, match="carry no gradients"):
+        out = compiled(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, x.detach().exp())
+    model = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        module = streamfuse.compile(model, (randn(2, 8),), config)
+        module(randn(2, 8))
+    with pytest.warns(UserWarning, match="under torch.no_grad"):
+        module(randn(2, 8))
+
+
+def test_keyword_example_inputs_and_keyword_calls(config) -> None:  # type: ignore[no-untyped-def]
+    """A dict of example inputs compiles the model for those keywords (a parameter after others left
+    out, like GPT-2's attention_mask after past_key_values); calls pass them in that order or by
+    name, and a tuple-compiled model takes its parameters by name too. Bad names raise TypeError."""
+    def fn(x: torch.Tensor, cache: Any = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        assert cache is None
+        return x.sin() * mask if mask is not None else x.sin()
+
+    x, mask = randn(2, 8, seed=1), randn(2, 8, seed=2)
+    with torch.no_grad():
+        compiled = streamfuse.compile(fn, {"x": x, "mask": mask}, config)
+        assert not isinstance(compiled, streamfuse.EagerFallback)
+        want = fn(x, mask=mask)
+        for got in (compiled(x, mask), compiled(x=x, mask=mask), compiled(x, mask=mask)):
+            torch.testing.assert_close(got, want)
+        x3, mask3 = randn(3, 8, seed=3), randn(3, 8, seed=4)
+        torch.testing.assert_close(compiled(mask=mask3, x=x3), fn(x3, mask=mask3))
+        with pytest.raises(TypeError, match="unexpected keyword argument 'cache'.*takes x, mask"):
+            compiled(x, cache=None)
+        with pytest.raises(TypeError, match="multiple values for argument 'x'"):
+            compiled(x, x=x)
+        with pytest.raises(TypeError, match="missing argument.*'mask'"):
+            compiled(x=x)
+        with pytest.raises(ValueError, match="expected 2 input tensor"):
+            compiled(x)
+        positional = streamfuse.compile(fn, (x,), config)
+        torch.testing.assert_close(positional(x=x), fn(x))
+    with pytest.raises(ValueError, match=r"example_inputs\['mask'\] must be a torch.Tensor, got NoneType"):
+        streamfuse.compile(fn, {"x": x, "mask": None}, config)
+    with pytest.raises(ValueError, match="keys must be the model's parameter names"):
+        streamfuse.compile(fn, {0: x}, config)
 
 
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]

@@ -34,15 +34,20 @@ def compile(
     config: Config | None = None,
 ) -> CompiledGraph | EagerFallback:
     """Capture `model` on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
-    takes positional tensors like `example_inputs` and returns what model returns. A call with other
-    shapes or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be
-    captured or planned runs eagerly (an EagerFallback, with one warning naming the reason)."""
+    takes tensors like `example_inputs` (positional, or by the model's parameter names) and returns
+    what model returns. `example_inputs`: a tensor, a tuple of tensors (the first positional
+    parameters), or a dict of tensors by parameter name (`{"input_ids": ids, "attention_mask": mask}`:
+    the compiled model then takes them in that order or by those names). A call with other shapes
+    or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be captured
+    or planned runs eagerly (an EagerFallback, with one warning naming the reason)."""
     if config is not None and not isinstance(config, Config):
         raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
     if not callable(model):
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
-    from streamfuse.capture.export import normalize_inputs
+    from streamfuse.capture.export import keyword_model, normalize_inputs
 
+    if isinstance(example_inputs, dict):
+        model, example_inputs = keyword_model(model, example_inputs)
     return _compile_for(model, normalize_inputs(example_inputs), config or Config())
 
 

@@ -61,6 +61,34 @@ def parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
     return names + [f"args_{i}" for i in range(len(names), count)]
 
 
+class KeywordInputs(torch.nn.Module):
+    """A model compiled on keyword example inputs (`{"input_ids": ids, "attention_mask": mask}`):
+    called with the tensors in that order, or by those names, it calls the model with keywords.
+    For parameters that come after others the caller leaves out (GPT-2's attention_mask follows
+    past_key_values)."""
+
+    def __init__(self, model: Callable[..., Any], names: list[str]):
+        super().__init__()
+        self.model = model
+        self.keyword_names = names
+
+    def forward(self, *args: Any, **named: Any) -> Any:
+        if len(args) > len(self.keyword_names):
+            raise TypeError(f"expected at most {len(self.keyword_names)} inputs ({', '.join(self.keyword_names)}), "
+                            f"got {len(args)}")
+        return self.model(**dict(zip(self.keyword_names, args)), **named)
+
+
+def keyword_model(model: Callable[..., Any], example_inputs: dict[Any, Any]) -> tuple[KeywordInputs, tuple[Any, ...]]:
+    """`model` taking `example_inputs`' keys as keywords, and the example tensors in that order."""
+    for key, value in example_inputs.items():
+        if not isinstance(key, str):
+            raise ValueError(f"example_inputs keys must be the model's parameter names (str), got {key!r}")
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"example_inputs[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+    return KeywordInputs(model, list(example_inputs)), tuple(example_inputs.values())
+
+
 def normalize_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     """A tensor, or a tuple/list of tensors -> tuple; anything else is a ValueError."""
     if isinstance(example_inputs, torch.Tensor):
@@ -70,7 +98,8 @@ def normalize_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"example_inputs[{i}] must be a torch.Tensor, got {type(t).__name__}")
         return tuple(example_inputs)
-    raise ValueError(f"example_inputs must be a tensor or a tuple of tensors, got {type(example_inputs).__name__}")
+    raise ValueError("example_inputs must be a tensor, a tuple of tensors or a dict of keyword tensors, got "
+                     f"{type(example_inputs).__name__}")
 
 
 def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequence[torch.Tensor]) -> Captured:
@@ -82,7 +111,8 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
     if not callable(model):
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     module = model if isinstance(model, torch.nn.Module) else _FunctionModule(model)
-    names = parameter_names(module.forward if module is model else model, len(example_inputs))
+    names = getattr(module, "keyword_names", None) or \
+        parameter_names(module.forward if module is model else model, len(example_inputs))
     example_inputs = _distinct(example_inputs)
     live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     try:

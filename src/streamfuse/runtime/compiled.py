@@ -110,6 +110,9 @@ class CompiledGraph:
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
+        self._grad_warned = False
+        self._params_want_grad: bool | None = None
+        """Some bound parameter requires grad (read at the first call made with grad enabled)."""
         self.weights_watch: Any = None
         """streamfuse.compile's folded weights (ir/fold.SnapshotWatch): computed again in place, before
         the call, when a parameter they came from changed in place; None where nothing was folded."""
@@ -142,16 +145,54 @@ class CompiledGraph:
         return self.base.device
 
     # -- calling ------------------------------------------------------------------------
-    def __call__(self, *inputs: Any) -> Any:
+    def __call__(self, *inputs: Any, **named: Any) -> Any:
+        if named:
+            inputs = self._by_position(inputs, named)
         if self.base.device.type == "cuda":
             return on_out_of_memory(lambda: self._entry(inputs), self.base.device,
                                     retry=not self.base.graph.writebacks)
         return self._entry(inputs)
 
+    def _by_position(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
+        """Keyword arguments placed at the positions of the model's parameters of those names (the
+        compiled inputs are the first len(example_inputs) positional parameters)."""
+        names = self.call.input_names or [n.name for n in self.base.graph.inputs]
+        slots: list[Any] = list(inputs) + [_MISSING] * max(0, len(names) - len(inputs))
+        for key, value in named.items():
+            if key not in names:
+                raise TypeError(f"unexpected keyword argument {key!r}: the compiled model takes "
+                                f"{', '.join(names)} (the parameters its example_inputs were given for)")
+            at = names.index(key)
+            if slots[at] is not _MISSING:
+                raise TypeError(f"got multiple values for argument {key!r}")
+            slots[at] = value
+        missing = [names[i] for i, v in enumerate(slots) if v is _MISSING]
+        if missing:
+            raise TypeError(f"missing argument(s) {', '.join(map(repr, missing))}: the model was compiled with "
+                            f"example inputs for {', '.join(names)}")
+        return tuple(slots)
+
     def _entry(self, inputs: tuple[Any, ...]) -> Any:
+        if not self._grad_warned and torch.is_grad_enabled():
+            self._warn_if_grad_wanted(inputs)
         if self._proven:
             return self._call(inputs)
         return self._first_calls(self._call, inputs)
+
+    def _warn_if_grad_wanted(self, inputs: Sequence[Any]) -> None:
+        """Once per compiled model, at any call (not only the first): eager would have recorded a
+        graph, since a parameter or an input requires grad, and the results carry none."""
+        if self.call.out_spec is None:
+            return  # the backend's graphs: AOTAutograd handles gradients around them
+        if self._params_want_grad is None:
+            self._params_want_grad = any(isinstance(t, torch.Tensor) and t.requires_grad
+                                         for t in self.base.graph.constants.values())
+        if self._params_want_grad or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+            self._grad_warned = True
+            warnings.warn("streamfuse.compile is for inference: its results carry no gradients (backward() on them "
+                          "raises, and a loss that adds them to other tensors gets no gradient through them). Call "
+                          "it under torch.no_grad(); to train, use torch.compile(model, backend='streamfuse').",
+                          UserWarning, stacklevel=4)
 
     def _first_calls(self, call: Callable[[Any], Any], inputs: Any) -> Any:
         """Until a call succeeds, a failure of the plan (a kernel that does not compile, an op that
@@ -159,9 +200,6 @@ class CompiledGraph:
         warning naming the reason. Bad input still raises."""
         if self.eager_reason is not None:
             return self.eager(*inputs)  # type: ignore[misc]
-        if self.call.out_spec is not None and torch.is_grad_enabled() and self._wants_grad(inputs):
-            warnings.warn("streamfuse.compile is for inference: its results carry no gradients (backward() on them "
-                          "raises). To train, use torch.compile(model, backend='streamfuse').", UserWarning, stacklevel=3)
         start = time.perf_counter()
         try:
             with self.base.restored_on_failure(inputs):
@@ -179,11 +217,6 @@ class CompiledGraph:
             torch.cuda.synchronize(self.device)
         self.first_call_s = time.perf_counter() - start
         return out
-
-    def _wants_grad(self, inputs: Sequence[Any]) -> bool:
-        """Some parameter or input requires grad (so eager would have recorded a graph)."""
-        return any(isinstance(t, torch.Tensor) and t.requires_grad
-                   for t in (*inputs, *self.base.graph.constants.values()))
 
     def _call(self, inputs: tuple[Any, ...]) -> Any:
         if self.weights_watch is not None:
@@ -459,6 +492,9 @@ class CompiledGraph:
         return (f"CompiledGraph({s['source_ops']} ops -> {s['kernels']} kernels on {s['streams']} streams, "
                 f"{s['generated_kernels']} generated, executor={s['executor']}, device={s['device']})")
 
+
+_MISSING = object()
+"""A compiled input no positional or keyword argument gave."""
 
 GRAPH_NODE_US = 1.1
 """A kernel launched from a CUDA graph (H200, GPU_FACTS.md)."""

@@ -35,8 +35,8 @@ class EagerFallback:
         self.reason = reason
         warn_fallback("the model", reason)
 
-    def __call__(self, *inputs: Any) -> Any:
-        return self.model(*inputs)
+    def __call__(self, *inputs: Any, **named: Any) -> Any:
+        return self.model(*inputs, **named)
 
     @property
     def stats(self) -> dict[str, Any]:
