@@ -202,6 +202,23 @@ def test_keyword_example_inputs_and_keyword_calls(config) -> None:  # type: igno
         streamfuse.compile(fn, {0: x}, config)
 
 
+def test_a_model_switched_to_the_other_mode_runs_eagerly_until_it_is_back(config) -> None:  # type: ignore[no-untyped-def]
+    """Compiled in eval mode, then model.train(): dropout must apply as in eager, so calls run the
+    model eagerly (one warning) until model.eval(), then the plan again."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).eval()
+    x = randn(64, 8)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(compiled(x), model(x))
+        model.train()
+        with pytest.warns(UserWarning, match="compiled in eval mode and is in training mode"):
+            dropped = compiled(x)
+        assert 0.3 < float((dropped == 0).float().mean()) < 0.7  # dropout applied, as in eager
+        model.eval()
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.stats["specializations"] == 0
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor or a tuple of tensors"):
         streamfuse.compile(torch.relu, 3.0, config)

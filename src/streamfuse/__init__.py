@@ -64,7 +64,7 @@ def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -
 
 
 def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph:
-    from streamfuse.capture.export import Captured, capture
+    from streamfuse.capture.export import Captured, KeywordInputs, capture
     from streamfuse.ir.batch import batch_signature, differs_beyond_batch
     from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
     from streamfuse.ir.from_fx import graph_from_fx
@@ -134,6 +134,9 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     compiled = build(graph, config, device, call, recapture=None if captured.mutated else recapture,
                      specialize=specialize, eager=model, batch_check=batch_check)
     compiled.weights_watch = snapshots.watch()
+    user_model = model.model if isinstance(model, KeywordInputs) else model
+    if isinstance(user_model, torch.nn.Module):
+        compiled.mode_source, compiled.compiled_training = user_model, user_model.training
     compiled.base.compile_times = {"capture": capture_s, **compiled.base.compile_times}
     compiled.capture_path = captured.how
     return compiled

@@ -110,6 +110,10 @@ class CompiledGraph:
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
+        self.mode_source: torch.nn.Module | None = None
+        """The nn.Module whose `training` flag the plan was compiled under (streamfuse.compile)."""
+        self.compiled_training = False
+        self._mode_warned = False
         self._grad_warned = False
         self._params_want_grad: bool | None = None
         """Some bound parameter requires grad (read at the first call made with grad enabled)."""
@@ -173,11 +177,25 @@ class CompiledGraph:
         return tuple(slots)
 
     def _entry(self, inputs: tuple[Any, ...]) -> Any:
+        if self.mode_source is not None and self.mode_source.training != self.compiled_training:
+            return self._in_other_mode(inputs)
         if not self._grad_warned and torch.is_grad_enabled():
             self._warn_if_grad_wanted(inputs)
         if self._proven:
             return self._call(inputs)
         return self._first_calls(self._call, inputs)
+
+    def _in_other_mode(self, inputs: tuple[Any, ...]) -> Any:
+        """The model was switched to the other mode (model.train() after compiling in eval mode, or
+        back): the plan computes the compiled mode's function (dropout, batch-norm statistics), so
+        the call runs the model eagerly, with one warning, until the mode is switched back."""
+        if not self._mode_warned:
+            self._mode_warned = True
+            was, now = ("training", "eval") if self.compiled_training else ("eval", "training")
+            warnings.warn(f"streamfuse: the model was compiled in {was} mode and is in {now} mode now: calls run it "
+                          f"eagerly until it is back in {was} mode (compile again for {now} mode)", UserWarning,
+                          stacklevel=4)
+        return self.eager(*inputs)  # type: ignore[misc]
 
     def _warn_if_grad_wanted(self, inputs: Sequence[Any]) -> None:
         """Once per compiled model, at any call (not only the first): eager would have recorded a
