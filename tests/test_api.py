@@ -220,7 +220,7 @@ def test_a_model_switched_to_the_other_mode_runs_eagerly_until_it_is_back(config
 
 
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match="example_inputs must be a tensor or a tuple of tensors"):
+    with pytest.raises(ValueError, match="example_inputs must be a tensor, a tuple of tensors or a dict"):
         streamfuse.compile(torch.relu, 3.0, config)
     with pytest.raises(ValueError, match=r"example_inputs\[1\] must be a torch.Tensor"):
         streamfuse.compile(torch.add, (randn(2), "x"), config)
@@ -402,6 +402,12 @@ def test_cli_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         main(["explain", f"{model_file}:nope"])
     with pytest.raises(SystemExit, match="expected FILE.py:FACTORY"):
         main(["explain", str(model_file)])
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\ndef make():\n    return torch.nn.Linear(8, 8), 'hello'\n")
+    with pytest.raises(SystemExit, match="error: FACTORY.. returned bad example inputs: .*got str"):
+        main(["explain", f"{bad}:make"])
+    with pytest.raises(SystemExit, match="--set takes NAME=VALUE"):  # checked before --list returns
+        main(["bench", "--list", "--set", "nosuchkey=1"])
 
 
 def test_a_function_without_inputs(config) -> None:  # type: ignore[no-untyped-def]

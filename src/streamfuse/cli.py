@@ -39,7 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         console.print("[yellow]CPU eager kernels for half types are slow and loose; using float32 on CPU[/]")
         dtype = torch.float32
     on_gpu = device.type == "cuda"
-    table = Table(title=f"streamfuse demo on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'} ({args.dtype})")
+    table = Table(title=f"streamfuse demo on {torch.cuda.get_device_name(device) if on_gpu else 'CPU'} ({str(dtype).removeprefix('torch.')})")
     for col in ["model", "source ops", "kernels", "fused groups", "streams", "max |err| vs eager", "executor"]:
         table.add_column(col, justify="right" if col not in ("model", "executor") else "left",
                          no_wrap=col == "model")
@@ -99,13 +99,26 @@ def load_factory(spec: str) -> Any:
     return factory
 
 
-def cmd_explain(args: argparse.Namespace) -> int:
-    import streamfuse
+def model_and_inputs(spec: str) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """FACTORY() of FILE.py:FACTORY, checked: (model, example inputs as a tuple of tensors)."""
+    from streamfuse.capture.export import normalize_inputs
 
-    result = load_factory(args.target)()
+    result = load_factory(spec)()
     if not (isinstance(result, tuple) and len(result) == 2):
         raise SystemExit("error: FACTORY() must return (model, example_inputs)")
     model, inputs = result
+    if not callable(model):
+        raise SystemExit(f"error: FACTORY() must return (model, example_inputs); its model is a {type(model).__name__}")
+    try:
+        return model, normalize_inputs(inputs)
+    except ValueError as exc:
+        raise SystemExit(f"error: FACTORY() returned bad example inputs: {exc}") from None
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import streamfuse
+
+    model, inputs = model_and_inputs(args.target)
     with torch.no_grad():
         compiled = streamfuse.compile(model, inputs)
     print(compiled.explain(source=not args.no_source))
@@ -120,9 +133,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from streamfuse.profile.outputs import render_summary, save_report
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    factory = load_factory(args.target)
-    model, inputs = factory()
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    model, inputs = model_and_inputs(args.target)
     modes = [m.strip() for m in args.compare.split(",") if m.strip()]
     unknown = [m for m in modes if m not in ("eager", "compile", "streamfuse")]
     if unknown:
@@ -187,6 +198,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         workloads = model_workloads(args.models, args.batch, args.dtype, tiny) if models_suite else suite(name)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    out = Path(args.out)
+    try:
+        config = streamfuse.Config(cache_dir=out / "cache").with_settings(args.set)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if args.list:
         for w in workloads if models_suite else WORKLOADS:
             console.print(f"{w.name:40} suites: {', '.join(w.suites)}")
@@ -206,11 +222,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not cuda:
         console.print("[yellow]No GPU here: CPU wall-clock times (generated kernels in Triton's interpreter or the "
                       "reference executor); not GPU figures. Run on a CUDA machine for the real suite.[/]")
-    out = Path(args.out)
-    try:
-        config = streamfuse.Config(cache_dir=out / "cache").with_settings(args.set)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
     gaps = not models_suite if args.gaps is None else args.gaps
     settings = {"suite": name, "modes": modes, "reps": args.reps, "gaps": gaps, "tf32_when_timed": bool(args.tf32),
                 "config": args.set}

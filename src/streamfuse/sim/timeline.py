@@ -18,6 +18,10 @@ from streamfuse.schedule.plan import launch_predecessors
 
 GRAPH_LAUNCH_US = 1.1
 EAGER_LAUNCH_US = 9.6
+MIN_KERNEL_US = 1.0
+"""The shortest a kernel is predicted to run: a tiny kernel is not free once launched (a CUDA graph
+replays them at ~1.1 µs each, launch included: GPU_FACTS.md). Without it a plan of tiny kernels had
+a predicted busy time near 0 and gap ratios of 10^6 % (the session-27 CLI sweep)."""
 
 
 def predict_intervals(compiled: Any, ceilings: Ceilings, calls: int = 1, launch_us: float | None = None,
@@ -43,7 +47,7 @@ def predict_intervals(compiled: Any, ceilings: Ceilings, calls: int = 1, launch_
             stream = 0 if one_stream else sched.stream_of[i]
             ready = max([end[index[p]] for p in preds[group.id] if index[p] in end], default=clock)
             start = max(ready, stream_free.get(stream, clock)) + latency
-            duration = estimate_us(group, bytes_per_us, flops_per_us, launch_us=0.0)
+            duration = max(estimate_us(group, bytes_per_us, flops_per_us, launch_us=0.0), MIN_KERNEL_US)
             end[i] = start + duration
             stream_free[stream] = end[i]
             out.append(Interval(kernel_name(compiled, group), stream, start, end[i]))
