@@ -219,6 +219,19 @@ def test_a_model_switched_to_the_other_mode_runs_eagerly_until_it_is_back(config
     assert compiled.stats["specializations"] == 0
 
 
+def test_a_bad_first_call_raises_eagers_error_and_keeps_the_plan(config) -> None:  # type: ignore[no-untyped-def]
+    """A first call with an input eager rejects too (a wrong feature size) raises eager's error; the
+    plan is not given up for it (it was, with a fallback warning: every later call ran eagerly)."""
+    model = torch.nn.Linear(8, 8)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (randn(2, 8),), config)
+        with pytest.raises(RuntimeError, match="cannot be multiplied"), pytest.warns(streamfuse.StreamfuseFallbackWarning):
+            compiled(randn(2, 9))
+        assert compiled.eager_reason is None
+        torch.testing.assert_close(compiled(randn(2, 8, seed=2)), model(randn(2, 8, seed=2)))
+        assert compiled.eager_reason is None and compiled._proven
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor, a tuple of tensors or a dict"):
         streamfuse.compile(torch.relu, 3.0, config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -116,14 +117,37 @@ def capture(model: torch.nn.Module | Callable[..., Any], example_inputs: Sequenc
     example_inputs = _distinct(example_inputs)
     live = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
     try:
-        return _capture_paths(module, tuple(example_inputs), live, names)
+        with _quiet_tracing_logs():
+            return _capture_paths(module, tuple(example_inputs), live, names)
     except _CacheOutput as exc:
         # a Hugging Face causal LM returning its DynamicCache: transformers' own pytree support for
         # it (the one its torch.export integration registers) makes the cache's tensors graph outputs
         # and the call's result a DynamicCache again; without it, the reason goes to the fallback
         if not _hf_cache_registered():
             raise RuntimeError(str(exc)) from exc
-        return _capture_paths(module, tuple(example_inputs), live, names)
+        with _quiet_tracing_logs():
+            return _capture_paths(module, tuple(example_inputs), live, names)
+
+
+_TRACING_LOGGERS = ("torch._subclasses.fake_tensor", "torch.fx.experimental.symbolic_shapes", "torch._export",
+                    "torch.export")
+
+
+@contextlib.contextmanager
+def _quiet_tracing_logs() -> Iterator[None]:
+    """torch's tracing loggers silenced while we trace: a model that cannot be traced (a wrong
+    feature size, data-dependent control flow) made fake_tensor log each failed op's traceback at
+    error level (553 lines for one Linear called with the wrong width), before our one warning or
+    error that says the same."""
+    loggers = [logging.getLogger(name) for name in _TRACING_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def _capture_paths(module: torch.nn.Module, example_inputs: tuple[torch.Tensor, ...], live: dict[str, torch.Tensor],

@@ -225,11 +225,15 @@ class CompiledGraph:
         except (BadInput, torch.OutOfMemoryError):
             raise  # out of memory: the entry point drops recorded graphs and calls again (runtime/memory.py)
         except Exception as exc:  # noqa: BLE001 - never fail where eager runs
-            self.eager_reason = f"the compiled plan failed on its first call: {failure_text(exc)}"
-            warn_fallback("the model", self.eager_reason)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            return self.eager(*inputs)  # type: ignore[misc]
+            # where eager fails too, the input is bad (a wrong feature size, say): eager's error is
+            # raised and the plan stays for the next call; only a plan that fails where eager runs
+            # sends the model to eager for good
+            out = self.eager(*inputs)  # type: ignore[misc]
+            self.eager_reason = f"the compiled plan failed on its first call: {failure_text(exc)}"
+            warn_fallback("the model", self.eager_reason)
+            return out
         self._proven = True
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
