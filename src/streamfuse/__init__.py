@@ -94,9 +94,13 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     signature = batch_signature(graph)  # before build_executable rewrites the graph for its device
     base_batch = inputs[0].shape[0] if inputs and inputs[0].dim() > 0 else 0
 
+    traced: dict[int, Graph] = {}
+    """Graphs batch_check traced, for the bucket capture that may follow at the same batch."""
+
     def traced_at(batch: int) -> Graph:
-        return convert(capture(model, tuple(torch.zeros((batch,) + t.shape[1:], dtype=t.dtype, device=t.device)
-                                            for t in inputs)))
+        traced[batch] = convert(capture(model, tuple(torch.zeros((batch,) + t.shape[1:], dtype=t.dtype,
+                                                                 device=t.device) for t in inputs)))
+        return traced[batch]
 
     def compare(sig: list[Any], batch: int, other: Graph, other_batch: int) -> None:
         reason = differs_beyond_batch(sig, batch_signature(other), batch, other_batch)
@@ -106,7 +110,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     def at_batch(examples: list[torch.Tensor]) -> Graph:
         """The same model captured at another batch size, compared with the compiled one where
         neither batch is 1 (a trace at batch 1 may drop size-1 views)."""
-        other = convert(capture(model, tuple(examples)))
+        other = traced.pop(examples[0].shape[0], None) or convert(capture(model, tuple(examples)))
         if min(base_batch, examples[0].shape[0]) >= 2:
             compare(signature, base_batch, other, examples[0].shape[0])
         return other
