@@ -63,7 +63,7 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
         raise ValueError("models must be a non-empty list of (model, example_inputs) pairs")
     config = config or Config()
     snapshots = SnapshotCache()  # the same model passed twice shares one copy of its folded weights
-    graphs, counts, specs = [], [], []
+    graphs, counts, specs, names = [], [], [], []
     for i, pair in enumerate(models):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
             raise ValueError(f"models[{i}] must be a (model, example_inputs) pair")
@@ -81,8 +81,9 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
         graphs.append(graph)
         counts.append((len(graph.inputs), len(graph.outputs)))
         specs.append(captured.out_spec)
+        names += [f"models[{i}] {name}" for name in captured.input_names]
     device = graph_device(graphs[0], normalize_inputs(models[0][1]))
     merged = disjoint_union(graphs, [f"m{i}_" for i in range(len(graphs))])
-    compiled = build(merged, config, device, CallSpec(out_spec=None), recapture=None)
+    compiled = build(merged, config, device, CallSpec(out_spec=None, input_names=names), recapture=None)
     compiled.weights_watch = snapshots.watch()
     return ParallelModels(compiled, counts, specs)
