@@ -162,6 +162,34 @@ def test_mlp(train_config: streamfuse.Config) -> None:
     train_and_compare(_MLP(), batches, lambda m, x, y: F.cross_entropy(m(x), y), train_config)
 
 
+def test_batch_norm_under_bfloat16_autocast_trains(train_config: streamfuse.Config) -> None:
+    """CPU bf16 autocast: a float32 batch-norm's saved statistics are float32 at run time while
+    AOTAutograd's metadata said bfloat16, and the backward's plan refused them (InputMismatch from
+    loss.backward(), session-27 sweep). The graph is traced again on the real tensors; gradients
+    match eager's within bfloat16's tolerance."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1))
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=streamfuse.make_backend(train_config))
+    target = _randn(2, 4, 8, 8, seed=2)
+    for step in range(2):
+        x = _randn(2, 3, 8, 8, seed=step)
+        losses = []
+        for m in (compiled, eager):
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                out = m(x)
+            losses.append(((out.float() - target) ** 2).mean())
+            losses[-1].backward()
+        assert abs(losses[0].item() - losses[1].item()) <= 2e-2 * abs(losses[1].item())
+        for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            assert _rel(p.grad, q.grad) <= 2e-2, f"step {step}: grad of {name}: {_rel(p.grad, q.grad):.3g}"
+            p.grad, q.grad = None, None
+        for (name, b), (_, c) in zip(model.named_buffers(), eager.named_buffers(), strict=True):
+            assert _rel(b.float(), c.float()) <= 2e-2, f"step {step}: buffer {name}"
+
+
 class _InPlace(nn.Module):
     """In-place ops on activations, a buffer updated in place in forward, and training batch-norm."""
 

@@ -195,9 +195,34 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: C
     try:
         graph = graph_from_fx(gm)
         with unset_fake_temporarily():
-            return build(graph, config, graph_device(graph, example_inputs), eager=_eager(gm))
+            return build(graph, config, graph_device(graph, example_inputs), eager=_eager(gm),
+                         specialize=_retraced(gm, config))
     except Exception as exc:  # noqa: BLE001 - never fail where eager runs
         return EagerGraph(gm, f"conversion or planning failed: {failure_text(exc)}")
+
+
+def _retraced(gm: torch.fx.GraphModule, config: Config) -> Any:
+    """For a call whose tensors do not have the dtypes or shapes the graph's metadata promised: the
+    graph traced again on (fake copies of) those tensors and planned for them. AOTAutograd's
+    metadata can disagree with the kernels: under CPU bf16 autocast a float32 batch-norm's saved
+    statistics are float32, while the fake kernel said bfloat16, and the backward's plan refused
+    them (a training sweep, session 27). Where the retrace fails, the graph runs as AOTAutograd
+    handed it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def specialize(args: tuple[Any, ...]) -> Any:
+        if not all(isinstance(a, torch.Tensor) for a in args):
+            return _eager(gm)
+        try:
+            with unset_fake_temporarily():
+                traced = make_fx(lambda *a: gm(*a), tracing_mode="fake")(*args)
+                graph = graph_from_fx(traced)
+                return build(graph, config.replace(max_specializations=0), graph_device(graph, list(args)),
+                             eager=_eager(traced))
+        except Exception:  # noqa: BLE001 - never fail where eager runs
+            return _eager(gm)
+
+    return specialize
 
 
 class StaticParamsGraph:

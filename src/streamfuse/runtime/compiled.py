@@ -274,9 +274,15 @@ class CompiledGraph:
         """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out."""
         if self.weights_watch is not None:
             self.weights_watch.check()
-        if not self._proven:
-            return self._first_calls(lambda args: self._run_flat(list(args)), inputs)
-        return self._run_flat(inputs)
+        try:
+            if not self._proven:
+                return self._first_calls(lambda args: self._run_flat(list(args)), inputs)
+            return self._run_flat(inputs)
+        except InputMismatch:
+            if self.specialize is None:
+                raise
+            found = self._specialization(inputs)
+            return found.run_flat(list(inputs)) if isinstance(found, CompiledGraph) else found(*inputs)
 
     def _run_flat(self, inputs: list[Any]) -> list[Any]:
         inputs = self.base.device_scalars(inputs)
