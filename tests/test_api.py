@@ -232,6 +232,30 @@ def test_a_bad_first_call_raises_eagers_error_and_keeps_the_plan(config) -> None
         assert compiled.eager_reason is None and compiled._proven
 
 
+def test_a_parameter_given_new_memory_is_seen_by_both_entry_points(config) -> None:  # type: ignore[no-untyped-def]
+    """`p.data = t` (and Module._apply round trips such as `.double().float()`) gives a parameter new
+    memory without a version bump. The backend's inference graph binds again (a hoisted transpose of
+    the Linear weight kept reading the old memory: wrong by 20 on the CPU); streamfuse.compile's
+    plan runs the model eagerly with one warning (its recorded CUDA graphs hold the old address)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    x = randn(4, 16)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config.replace(backend_cuda_graphs=True)))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.data = randn(32, 16, seed=7)
+        torch.testing.assert_close(fast(x), model(x))
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="given new memory"):
+            torch.testing.assert_close(compiled(x), model(x))
+        model.double().float()
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+    torch._dynamo.reset()
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor, a tuple of tensors or a dict"):
         streamfuse.compile(torch.relu, 3.0, config)

@@ -138,6 +138,9 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     compiled = build(graph, config, device, call, recapture=None if captured.mutated else recapture,
                      specialize=specialize, eager=model, batch_check=batch_check)
     compiled.weights_watch = snapshots.watch()
+    compiled.bound_tensors = [t for name, t in captured.bound.items()
+                              if name not in captured.literals and isinstance(t, torch.Tensor) and not t.is_meta]
+    compiled.bound_pointers = list(map(torch.Tensor.data_ptr, compiled.bound_tensors))
     user_model = model.model if isinstance(model, KeywordInputs) else model
     if isinstance(user_model, torch.nn.Module):
         compiled.mode_source, compiled.compiled_training = user_model, user_model.training

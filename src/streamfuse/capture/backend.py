@@ -247,8 +247,13 @@ class StaticParamsGraph:
     streamfuse.compile's, these snapshots are watched: every call compares the version counters of
     the tensors they were computed from (an in-place change, e.g. an optimizer step or
     load_state_dict between evaluations, bumps them), and the first call that finds one changed
-    binds the graph again with nothing folded, reading the parameters live from then on. (Assigning
-    a parameter's `.data` bumps no counter; the recorded CUDA graphs would not see it either.)"""
+    binds the graph again with nothing folded, reading the parameters live from then on.
+
+    A parameter whose memory was replaced (`p.data = t`, which `model.half().float()` and other
+    `Module._apply` conversions do) bumps no counter, and the plan would read the old memory (a
+    hoisted transpose of a Linear weight did: wrong results on the CPU, session-27 sweep; recorded
+    CUDA graphs hold every bound tensor's address). Every call also compares the bound tensors' data
+    pointers (a C call each, ~0.07 µs) and binds the graph again where one moved."""
 
     def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int]):
         self.gm = gm
@@ -258,6 +263,8 @@ class StaticParamsGraph:
         self.compiled: CompiledGraph | None = None
         self.reason: str | None = None
         self.bound: list[torch.Tensor] = []
+        self.pointers: list[int] = []
+        """The bound tensors' data pointers when bound (a `.data` swap moves them)."""
         self.dynamic: list[int] = []
         self.updated = _updated_placeholders(gm)
         """Positions of the inputs the graph updates in place (copy_ into a placeholder)."""
@@ -268,6 +275,8 @@ class StaticParamsGraph:
         self.watched: list[torch.Tensor] = []
         self.versions: list[int] = []
         """The folds' source tensors and their version counters when folded."""
+        self.rebinds = 0
+        """Times a bound tensor's memory was found replaced and the graph bound again."""
         self.live = False
         """A folded source changed in place: bound again with nothing folded (parameters read live)."""
 
@@ -276,12 +285,22 @@ class StaticParamsGraph:
             self._bind(args)
         if self.compiled is not None and (all(args[i] is t for i, t in zip(self.static, self.bound, strict=True))
                                           or self._unbind_updates(args)):
+            if list(map(torch.Tensor.data_ptr, self.bound)) != self.pointers:
+                self._rebind(args)
+                if self.compiled is None:
+                    return self.fallback(args).run_flat(args)
             if self.watched and [t._version for t in self.watched] != self.versions:
                 self._go_live(args)
                 if self.compiled is None:
                     return self.fallback(args).run_flat(args)
             return self.compiled(*[args[i] for i in self.dynamic])  # type: ignore[no-any-return]
         return self.fallback(args).run_flat(args)
+
+    def _rebind(self, args: list[Any]) -> None:
+        """A bound tensor's memory was replaced: bind again to where they are now."""
+        self.rebinds += 1
+        self.compiled, self.bound, self.pointers, self.watched, self.versions, self.folded = None, [], [], [], [], 0
+        self._bind(args)
 
     def _go_live(self, args: list[Any]) -> None:
         """A folded weight's source changed in place: bind again, nothing folded (once)."""
@@ -334,6 +353,7 @@ class StaticParamsGraph:
             self.reason = f"binding the static inputs failed: {failure_text(exc)}"
             return
         self.bound, self.dynamic = bound, dynamic
+        self.pointers = list(map(torch.Tensor.data_ptr, bound))
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:
         """Fold the batch-norms into snapshot weights, watched by version counter (class docstring);
