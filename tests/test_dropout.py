@@ -59,6 +59,26 @@ def test_seed_defaults_to_torch_generator(config, device) -> None:  # type: igno
     assert torch.equal(a, b)
 
 
+def test_dropout_follows_torch_manual_seed_at_every_call(config, device) -> None:  # type: ignore[no-untyped-def]
+    """With the default Config.seed, torch.manual_seed(s) before a call reproduces that call's masks
+    (as in eager, aot_eager and Inductor; they ignored it: each call advanced a counter), through
+    both entry points; without it, each call draws a fresh mask."""
+    model = _model(0.5).to(device)
+    x = randn(32, 64, device=device)
+    torch._dynamo.reset()
+    for fn in (streamfuse.compile(model, (x,), config), torch.compile(model, backend=streamfuse.make_backend(config))):
+        with torch.no_grad():
+            fn(x)
+            torch.manual_seed(7)
+            first = fn(x)
+            again = fn(x)
+            torch.manual_seed(7)
+            repeated = fn(x)
+        assert not torch.equal(first != 0, again != 0)  # a fresh mask per call
+        assert torch.equal(first, repeated)  # the seed reproduces it
+    torch._dynamo.reset()
+
+
 def test_zero_p_and_eval_mode_are_the_identity(config, device) -> None:  # type: ignore[no-untyped-def]
     x = randn(16, 64, device=device)
     for model in (_model(0.0).to(device), _model(0.4).to(device).eval()):

@@ -278,8 +278,10 @@ class Config:
     """"auto": Triton kernels on CUDA, and on CPU under TRITON_INTERPRET=1; otherwise the
     reference executor (each group's ops run through torch). "triton" or "reference" force one."""
     seed: int | None = None
-    """Seed of dropout's random numbers (ir/rng.py); None draws one from torch's generator at compile
-    time, so torch.manual_seed() before compiling reproduces the masks."""
+    """Seed of dropout's random numbers (ir/rng.py). None (default): dropout follows torch's random
+    state as eager's does: each call draws its counter base from torch's default generator, so
+    torch.manual_seed(s) before a call reproduces its masks. An int: masks follow that seed and the
+    call count alone (two plans with one seed repeat each other's sequence)."""
     check_inputs: bool = True
     """Validate count, shape, dtype and device of each call's inputs (ValueError on mismatch)."""
     cache_dir: Path = field(default_factory=_default_cache_dir)

@@ -180,7 +180,13 @@ class CompiledGraph:
                             f"example inputs for {', '.join(names)}")
         return tuple(slots)
 
+    def _follow_torch_seed(self) -> None:
+        if self.base.rng is not None:
+            for exe in self._variants.values():
+                exe.follow_torch_seed()
+
     def _entry(self, inputs: tuple[Any, ...]) -> Any:
+        self._follow_torch_seed()
         if self.mode_source is not None and self.mode_source.training != self.compiled_training:
             return self._in_other_mode(inputs)
         if self.bound_pointers is not None and \
@@ -294,6 +300,7 @@ class CompiledGraph:
         """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out."""
         if self.weights_watch is not None:
             self.weights_watch.check()
+        self._follow_torch_seed()
         try:
             if not self._proven:
                 return self._first_calls(lambda args: self._run_flat(list(args)), inputs)

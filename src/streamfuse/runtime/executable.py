@@ -374,6 +374,18 @@ class Executable:
         self.converted_weights = [s for s in steps if isinstance(s, ChannelsLastConvStep) and s.source is not None]
         """Convolutions holding a channels_last copy of a live weight (refresh_weights)."""
 
+    def follow_torch_seed(self) -> None:
+        """Dropout follows torch's random state, as eager's does: each call draws its counter base
+        from torch's default generator (one int64), so `torch.manual_seed(s)` before two calls gives
+        both the same masks (not eager's masks: another generator), and calls in between draw fresh
+        ones. The kernels' seed argument stays (recorded CUDA graphs hold it); the base is written
+        into the tensor they read before the call (one fill; plans without dropout skip this)."""
+        if self.rng is None or self.config.seed is not None:  # a fixed Config.seed: its own sequence
+            return
+        self.rng.offset = int(torch.randint(0, 2**31 - 1, (1,)).item()) << 32
+        if self.rng.offset_tensor is not None:
+            self.rng.offset_tensor.fill_(self.rng.offset)
+
     def refresh_weights(self) -> None:
         """Convert again the live weights that changed in place since the last call (an optimizer
         step, load_state_dict): a version-counter compare per weight (ChannelsLastConvStep)."""

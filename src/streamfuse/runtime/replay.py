@@ -283,6 +283,7 @@ class ReplayGraph:
 
     def run_flat(self, args: list[Any]) -> list[Any]:
         self.calls += 1
+        self.compiled.base.follow_torch_seed()
         args = self.compiled.base.device_scalars(args)  # SDPA's host Philox seed and offset
         stats = self.replay_stats
         graph = self.graph
