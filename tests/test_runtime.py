@@ -217,6 +217,10 @@ def test_config_validates_runtime_fields() -> None:
         Config(batch_buckets=(4, 2))
     with pytest.raises(ValueError, match="Config.max_streams must be a positive int"):
         Config(max_streams=0)
+    with pytest.raises(ValueError, match="Config.fuse must be True or False, got 'no'"):
+        Config(fuse="no")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Config.fold_batchnorm must be True or False"):
+        Config().replace(fold_batchnorm=1)  # type: ignore[arg-type]
 
 
 def _iv(start: float, end: float, stream: int = 0) -> Interval:

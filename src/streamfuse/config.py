@@ -305,6 +305,9 @@ class Config:
         return self.replace(**changes)
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # a bool field given "no" or 0 would be taken as truthy or falsy silently
+            if f.type in (bool, "bool") and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"Config.{f.name} must be True or False, got {getattr(self, f.name)!r}")
         positive = {
             "max_kernel_args": self.max_kernel_args,
             "max_ops_per_kernel": self.max_ops_per_kernel,
