@@ -223,3 +223,16 @@ def test_single_value_chains_round_through_float32(dtype: torch.dtype, config, d
     out = streamfuse.compile(fn, (x, s), config.replace(executor="triton"))(x, s)
     for o, r in zip(out, fn(x, s), strict=True):
         torch.testing.assert_close(o, r, rtol=0, atol=0)
+
+
+def test_an_empty_batch_through_a_reshape_runs_compiled(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A (0, 5, 32) input through Linear -> ReLU -> Linear: the views to and from 2-D have zero
+    elements, and the index of a zero-size reshape is never read (it raised IndexError, and the
+    backend ran the graph eagerly with that as its reason)."""
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(device).eval()
+    x = torch.randn(0, 5, 32, device=device)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend=streamfuse.make_backend(config))(x)
+    assert out.shape == (0, 5, 8)
+    torch._dynamo.reset()

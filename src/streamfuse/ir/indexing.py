@@ -149,6 +149,8 @@ def reshape_index(index: Index, in_shape: Sequence[int], out_shape: Sequence[int
     one to one (and size-1 dims vanish) instead of going through a full linearization."""
     if math.prod(in_shape) != math.prod(out_shape):
         raise ValueError(f"reshape changes numel: {tuple(in_shape)} -> {tuple(out_shape)}")
+    if math.prod(in_shape) == 0:  # an empty tensor (batch 0): no element is ever read
+        return tuple(ZERO for _ in in_shape)
     ins = [k for k, s in enumerate(in_shape) if s != 1]
     outs = [k for k, s in enumerate(out_shape) if s != 1]
     result: list[Expr] = [ZERO] * len(in_shape)
