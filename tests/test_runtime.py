@@ -313,7 +313,7 @@ def test_output_guard_sees_tensors_and_views_the_caller_keeps() -> None:
 def test_input_copy_nodes_only_where_they_beat_one_batched_copy(config) -> None:  # type: ignore[no-untyped-def]
     """Config.input_copy_node: one copy-node update per input (~1.8 µs each) against one batched copy
     (~7 µs): nodes for up to three inputs, the batched copy beyond; the graph-skip cost model agrees."""
-    from streamfuse.runtime.compiled import COPY_CALL_US, COPY_NODE_US, copy_nodes_pay, input_copy_us
+    from streamfuse.runtime.graph_cost import COPY_CALL_US, COPY_NODE_US, copy_nodes_pay, input_copy_us
 
     assert [copy_nodes_pay(n) for n in range(6)] == [False, True, True, True, False, False]
     assert input_copy_us(2, True) == pytest.approx(2 * COPY_NODE_US)
