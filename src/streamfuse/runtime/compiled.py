@@ -202,10 +202,10 @@ class CompiledGraph:
         return self._first_calls(self._call, inputs)
 
     def _replaced(self) -> None:
-        """A parameter or buffer the plan reads was given new memory (`p.data = t`, `model.half()
-        .float()` and other Module._apply conversions, `load_state_dict(assign=True)` keeps the old
-        objects out of the model but this sees `.data` swaps): the plan, and its recorded CUDA
-        graphs, would read the old memory. The model runs eagerly from now on, with one warning."""
+        """A parameter or buffer the plan reads was given new memory (`p.data = t`; `model.half()
+        .float()` and other Module._apply conversions swap `.data`): the plan, and its recorded CUDA
+        graphs, would read the old memory. The model runs eagerly from now on, with one warning. (A
+        parameter replaced by a new object is not seen here: the plan holds the old object.)"""
         self.bound_pointers = None
         self.eager_reason = ("a parameter or buffer was given new memory after compiling (`.data =`, a dtype or "
                              "device round trip): compile again to run it compiled")
