@@ -2,7 +2,7 @@
 # The device-machine check (docs/PERF.md): GPU test suite, then the benchmarks whose numbers the
 # issues ask for. Results and logs go under $OUT (default ./gpu-check).
 #   run on the device:  bash scripts/gpu_check.sh [tests] [epilogue] [streams] [host] [share] [instances] [launch] [bench] [tma]
-#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [compile-pool] [newtests3] [catwalk] [dense-incep] [newtests4] [gputests4] [nosplit-off] [nosplit-on] [newtests5] [catwalk2] [trainmem] [recompute-64] [recompute-32] [branchy1] [stale1] [stale2] [gputests3] [compile] [bandwidth] [generate] [training]
+#                       [models] [models-a] ... [models-e] [models-c2] [models-d2] [models-tp] [models-sf] [netlayout] [netcheck] [fuzzfail] [lnfail] [models-be] [models-bf16] [models-tp-text] [models-tp2] [models-tp3] [models-bf16b] [models-perm] [rows] [rows-prof] [fold] [fold-on] [dense] [kprof] [newtests] [dense2] [split] [dense3] [kprof2] [bert1] [compile-bf16] [gputests] [gaps] [tiles] [gputests2] [check] [check-dense] [check-vit] [newtests2] [kprof-convnext] [dense32] [walk-check] [text1] [kprof-dense32] [compile-pool] [newtests3] [catwalk] [dense-incep] [newtests4] [gputests4] [nosplit-off] [nosplit-on] [newtests5] [catwalk2] [trainmem] [recompute-64] [recompute-32] [branchy1] [stale1] [stale2] [session27] [gputests3] [compile] [bandwidth] [generate] [training]
 #                       [training-vision] [training-text] [replay] [optimizer] [training-mix] [shapes] [training-large] [merge] [bias] [backend-host]
 #                       (any step as NAME:SECONDS sets its time limit)
 #                       (real models: not in the default set, up to ~9 min each: one step per call)
@@ -275,6 +275,11 @@ step stale1 150 streamfuse bench --suite models --models prefill,resnet50 --batc
 # squeezenet 1.08x, distilbert 1.09x, regnet 1.09x of reduce-overhead), beside reduce-overhead
 step stale2 300 streamfuse bench --suite models --models mobilenet_v3,vit_b,squeezenet,distilbert,regnet --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/stale2"
+# session 27 (no device time then): the files its CPU fixes touched, on the GPU (the folded-weight
+# watch with channels_last copies, the replaced-memory guard with recorded graphs, dropout following
+# torch's seed with replays, the batch check, keyword inputs, HF caches)
+step session27 300 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_api.py tests/test_fold.py \
+  tests/test_runtime.py tests/test_dropout.py tests/test_training.py tests/test_models.py tests/test_ops.py
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
