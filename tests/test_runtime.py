@@ -166,6 +166,27 @@ def test_a_model_that_only_reshapes_by_the_batch_keeps_its_padding(config) -> No
         assert compiled.batch_reason is None and compiled.stats["specializations"] == 0
 
 
+def test_group_norm_and_a_cat_after_an_empty_tensor_keep_their_padding(config) -> None:  # type: ignore[no-untyped-def]
+    """Two false positives of the batch checks (session-27 timm/HF sweep): native_group_norm takes
+    the batch size as an int argument (GroupNorm normalizes each sample alone: poolformer), and
+    `cat([empty [0], x], dim=-2)` (a KV cache's first append: OPT, Bloom, Falcon, GPT-NeoX) is a cat
+    along dim 2, not the batch. Both keep padding, and match eager."""
+    torch.manual_seed(0)
+    norm = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(4, 8)).eval()
+    cache = torch.zeros(0)
+
+    def append(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([cache, x.view(x.shape[0], 2, 4, 4)], dim=-2) * 2
+
+    for fn, shape in ((norm, (3, 8, 8)), (append, (32,))):
+        with torch.no_grad():
+            compiled = streamfuse.compile(fn, (randn(2, *shape),), config)
+            for batch in (3, 1, 5):
+                x = randn(batch, *shape, seed=batch)
+                torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
+        assert compiled.batch_reason is None and compiled.stats["specializations"] == 0
+
+
 def test_bad_batches_and_shapes_give_clear_errors(config) -> None:  # type: ignore[no-untyped-def]
     config = config.replace(max_specializations=0)  # strict: no plan of its own for another shape
     with torch.no_grad():

@@ -68,8 +68,11 @@ def _dims(n: Node) -> list[int] | None:
         if value is None or value == []:
             return None
         src = n.args[0]
-        first = src[0] if isinstance(src, (list, tuple)) and src else src
-        rank = max(len(first.shape), 1) if isinstance(first, Node) else 1
+        # a list (cat): its rank is the largest operand's, since cat skips 1-D empty tensors (a KV
+        # cache's first append, cat([empty [0], x], dim=-2), read as the batch dim with the empty one's
+        # rank: OPT, Bloom, Falcon and GPT-NeoX lost their padding)
+        operands = [a for a in src if isinstance(a, Node)] if isinstance(src, (list, tuple)) else [src]
+        rank = max([len(a.shape) for a in operands if isinstance(a, Node)] + [1])
         return [d % rank for d in ([value] if isinstance(value, int) else list(value))]
     return None
 
@@ -215,6 +218,10 @@ def _view(n: Node, src_state: Rows, batch: int) -> State | tuple[str]:
 # traced at a second batch size, and the two graphs must differ only where the batch is a size:
 # dim 0 of every node (scaled alike), the first entry of a size list, arange's bounds.
 
+_BATCH_ARGUMENTS = {"native_group_norm": (3,)}
+"""Ops that take the batch size itself as a plain int argument (by position): native_group_norm's N
+(GroupNorm normalizes each sample alone; poolformer lost its padding to this)."""
+
 NodeSig = tuple[str, tuple[int, ...], str, Any, Any]
 """(op, shape, dtype, args, kwargs) with node references as ("%", position in the graph)."""
 
@@ -249,7 +256,7 @@ def differs_beyond_batch(base: list[NodeSig], other: list[NodeSig], batch: int, 
     if len(base) != len(other):
         return f"the graph has {len(base)} nodes at batch {batch} and {len(other)} at batch {other_batch}"
 
-    def scaled(s: Any, t: Any) -> bool:
+    def scaled(s: Any, t: Any) -> bool:  # s is a multiple k of the batch and t the same multiple of the other
         return isinstance(s, int) and isinstance(t, int) and not isinstance(s, bool) and s > 0 \
             and s % batch == 0 and t == s // batch * other_batch
 
@@ -272,9 +279,12 @@ def differs_beyond_batch(base: list[NodeSig], other: list[NodeSig], batch: int, 
             return f"node {i} is {op} at batch {batch} and {t[0]} at batch {other_batch}"
         if len(shape) != len(t[1]) or shape[1:] != t[1][1:] or not (shape[:1] == t[1][:1] or scaled(shape[0], t[1][0])):
             return f"node {i} ({op}) has shape {list(shape)} at batch {batch} and {list(t[1])} at batch {other_batch}"
-        bounds = packet_name(op) == "arange"
+        name = packet_name(op)
+        bounds = name == "arange"
+        batch_at = _BATCH_ARGUMENTS.get(name, ())
         # args: the top-level tuple itself is not a size list; its list entries may be
-        if not all(same(x, y, True, bounds) if isinstance(x, tuple) and x[:1] != ("%",) else same(x, y, False, bounds)
-                   for x, y in zip(args, t[3])) or len(args) != len(t[3]) or not same(kwargs, t[4], False, False):
+        if not all(same(x, y, True, bounds) if isinstance(x, tuple) and x[:1] != ("%",) else
+                   same(x, y, False, bounds or k in batch_at) for k, (x, y) in enumerate(zip(args, t[3]))) \
+                or len(args) != len(t[3]) or not same(kwargs, t[4], False, False):
             return f"node {i} ({op}) takes a number that follows the batch size ({batch} -> {other_batch})"
     return None
