@@ -216,11 +216,10 @@ def _retraced(gm: torch.fx.GraphModule, config: Config) -> Any:
         try:
             with unset_fake_temporarily():
                 traced = make_fx(lambda *a: gm(*a), tracing_mode="fake")(*args)
-                graph = graph_from_fx(traced)
-                return build(graph, config.replace(max_specializations=0), graph_device(graph, list(args)),
-                             eager=_eager(traced))
         except Exception:  # noqa: BLE001 - never fail where eager runs
             return _eager(gm)
+        plan = compile_graph(traced, list(args), config.replace(max_specializations=0))
+        return plan if isinstance(plan, CompiledGraph) else _eager(gm)
 
     return specialize
 
