@@ -79,26 +79,41 @@ def _describe(obj: Any) -> str:
         return f"dict with keys {[str(k)[:40] for k in list(obj)[:6]]}"
     if hasattr(obj, "f_code"):
         return f"frame of {obj.f_code.co_qualname} ({obj.f_code.co_filename.split('/')[-1]}:{obj.f_lineno})"
+    if isinstance(obj, type):
+        return f"class {obj.__module__}.{obj.__qualname__}"
     if callable(obj) and hasattr(obj, "__qualname__"):
         return f"{name} {obj.__qualname__}"
-    return name
+    if isinstance(obj, (list, tuple)):
+        return f"{name} of {len(obj)}: {[type(x).__name__ for x in obj[:5]]}"
+    return f"{type(obj).__module__}.{name}"
 
 
-def holders(depth: int = 3) -> None:
-    """The backend graphs still alive after their model was dropped, and what refers to them, a few
-    levels up (the dropped training graphs' pools stayed allocated in run 103)."""
+def holders(depth: int = 8) -> None:
+    """The backend graphs still alive after their model was dropped, and what refers to them, up to
+    `depth` levels (the dropped training graphs' pools stayed allocated in runs 103 and 105; run 105
+    saw the chain graph <- closure cell <- compile_aten_graph's `run`, and no further at depth 3). An
+    object with no referrer that the collector sees is held from C++ (an autograd node, a tensor's
+    grad_fn): printed as such."""
     from streamfuse.capture.backend import compiled_graphs
 
     alive = [g for g in compiled_graphs if g is not None]
     print(f"  backend graphs still alive: {len(alive)} of {len(compiled_graphs)}")
-    seen: set[int] = {id(alive)}
+    seen: set[int] = {id(alive), id(compiled_graphs)}
     frontier: list[tuple[Any, int]] = [(g, 0) for g in alive[:2]]
-    while frontier:
-        obj, level = frontier.pop(0)
-        for ref in gc.get_referrers(obj)[:8]:
-            if id(ref) in seen or ref is frontier or getattr(ref, "f_code", None) is holders.__code__:
-                continue
+    lines = 0
+    while frontier and lines < 80:
+        obj, level = frontier.pop()  # depth first: one chain printed whole before the next
+        found = gc.get_referrers(obj)
+        referrers = [r for r in found if id(r) not in seen and r is not frontier and r is not found
+                     and not (isinstance(r, tuple) and r and r[0] is obj and len(r) == 2 and isinstance(r[1], int))
+                     and getattr(r, "f_code", None) is not holders.__code__]
+        del found
+        seen.add(id(referrers))
+        if not referrers and level:
+            print(f"  {'  ' * level}(no referrer the collector sees: held from C++)")
+        for ref in referrers[:4]:
             seen.add(id(ref))
+            lines += 1
             print(f"  {'  ' * level}<- {_describe(ref)}")
             if level + 1 < depth:
                 frontier.append((ref, level + 1))

@@ -501,8 +501,13 @@ class Executable:
     def writebacks_undone(self, inputs: Sequence[Any]) -> Iterator[None]:
         """Runs inside leave the tensors the plan writes back into (Graph.writebacks) as they were:
         a CUDA graph's warm-up runs the plan for real, and an optimizer step or a running statistic
-        applied twice at recording would be silently wrong."""
+        applied twice at recording would be silently wrong. The dropout counter base the kernels read
+        is kept too: the warm-up advances it, and the recording call would otherwise draw its masks
+        from other counters than follow_torch_seed set (run 105: torch.manual_seed did not reproduce
+        the masks of a call that recorded a graph)."""
         targets = self._written_tensors(inputs, range(len(self.graph.writebacks)))
+        if self.rng is not None and self.rng.offset_tensor is not None:
+            targets.append(self.rng.offset_tensor)
         saved = [t.clone() for t in targets]
         try:
             yield
