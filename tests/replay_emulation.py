@@ -41,7 +41,7 @@ def emulate_replay(monkeypatch: pytest.MonkeyPatch) -> None:
     def wrap(compiled: Any, training: Any) -> Any:
         if training is None or not isinstance(compiled, CompiledGraph):
             return compiled
-        return ReplayGraph(compiled, training.role, set(range(training.visible)))
+        return ReplayGraph(compiled, training.role, set(range(training.visible)), training.static)
 
     monkeypatch.setattr(backend_module, "training_graph", wrap)
     monkeypatch.setattr(replay, "PinnedGraph", EmulatedGraph)

@@ -156,6 +156,12 @@ class Config:
     those adjacent rows, where enough rows fill the GPU, and stores its other results of the full
     shape channels_last where the input is (Group.rows_contiguous); False keeps the persistent
     reduction, whose programs then read a row each with the stride of the kept dim."""
+    reduction_row_split: bool = True
+    """Where too few rows fill the GPU (a bias or layer-norm gradient's column sum over 768
+    features), the looped reduction also splits each row: SPLIT programs share a row tile, each
+    summing its slice, and the last to finish combines the partial results in split order
+    (deterministic; fusion/geometry.rows_contiguous_split). False: such reductions keep the
+    persistent template (run 106: GPT-2's 768-wide column sums took 20-27 µs each in it)."""
     matmul_max_shared_bytes: int = 227 * 1024
     """Shared-memory cap for the matmul template's staged tiles. The template buffers its operand
     tiles in shared memory by design and opts in to the device maximum (as cuBLAS does); the 48 KB

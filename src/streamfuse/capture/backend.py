@@ -414,23 +414,28 @@ class TrainingRole:
 
     role: str
     visible: int = 0
+    static: frozenset[str] = frozenset()
+    """Names of the graph's inputs that are parameters or buffers (AOTAutograd's static inputs, as
+    the forward's placeholders `primals_<i+1>` name them; the backward keeps those names for the ones
+    it saved): read in place whatever their size (runtime/replay.py)."""
 
 
 def training_graph(compiled: Any, training: TrainingRole | None) -> Any:
     """A training graph on CUDA replays CUDA graphs that read its inputs in place (runtime/replay.py)."""
     if training is None or not isinstance(compiled, CompiledGraph) or compiled.device.type != "cuda":
         return compiled
-    return ReplayGraph(compiled, training.role, set(range(training.visible)))
+    return ReplayGraph(compiled, training.role, set(range(training.visible)), training.static)
 
 
 def _training_role(role: str) -> TrainingRole:
-    if role == "backward":
-        return TrainingRole(role)
     ctx = torch._guards.TracingContext.try_get()
     meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    static = frozenset(f"primals_{i + 1}" for i in getattr(meta, "static_input_indices", None) or [])
+    if role == "backward":
+        return TrainingRole(role, static=static)
     visible = getattr(meta, "num_forward_returns", None)
     # unknown: every output counts as visible, so every one is copied out (correct, slower)
-    return TrainingRole(role, visible if isinstance(visible, int) else 1 << 30)
+    return TrainingRole(role, visible if isinstance(visible, int) else 1 << 30, static)
 
 
 def _compiler(config: Config, role: str = "forward") -> Any:

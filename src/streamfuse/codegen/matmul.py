@@ -366,6 +366,8 @@ def clamp_tile(tile: MatmulTile, m: int, n: int, k: int) -> MatmulTile:
 
 SMALL_M = 256
 """Products with at most this many rows (batch x M) tune without the 128x128-class tiles."""
+SKINNY_M = 64
+"""Products with more rows than this tune without the skinny tiles (at most 32 x 32)."""
 
 
 def candidate_tiles(group: Group, config: Config, sm_count: int = 132) -> list[MatmulTile]:
@@ -392,6 +394,10 @@ def candidate_tiles(group: Group, config: Config, sm_count: int = 132) -> list[M
         # run 93's timings: at M <= 256 (197 tokens, 128-token sequences) no 128x128 or 64x256 tile came
         # within 11% of the best (64x64 won 8 of 10 such products), so they are not compiled
         raw = [t for t in raw if t.block_m * t.block_n < 128 * 128]
+    if batch * m > SKINNY_M:
+        # the skinny tiles are for a few rows: over 21 bfloat16 products of 128 to 100,352 rows (run 93,
+        # docs/bench/tiles-autotune.json) none won, and the closest came 6% behind the best
+        raw = [t for t in raw if t.block_m > 32 or t.block_n > 32]
     if m == 1:  # the matrix-vector loop: a [BLOCK_K, BLOCK_N] tile of B in registers per step
         raw = [MatmulTile(1, bn, bk * scale, w, st) for bn, bk, w, st in (
             (16, 256, 4, 3), (32, 128, 4, 3), (32, 256, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2),

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from streamfuse.codegen.kernel import Emitter, KernelSource, needs_int64, store_cast, store_offset, store_strides
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype
 from streamfuse.config import Config
-from streamfuse.fusion.geometry import loopable, reduction_launch, rows_contiguous_launch
+from streamfuse.fusion.geometry import loopable, reduction_launch, rows_contiguous_launch, rows_contiguous_split
 from streamfuse.fusion.groups import Group, ReductionDomain
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import ZERO, Expr, Index, delinearize
@@ -83,9 +85,18 @@ def _generate_looped_reduction(group: Group, dom: ReductionDomain, config: Confi
     """The reduction with threads along the rows (Group.rows_contiguous): each program takes BLOCK_M
     adjacent rows and walks their columns BLOCK_R at a time, accumulating every reduction elementwise
     in a [BLOCK_M, BLOCK_R] tile and storing the outputs of the domain's shape as it goes; after the
-    loop each tile is reduced along its columns and the row outputs are computed and stored."""
+    loop each tile is reduced along its columns and the row outputs are computed and stored.
+
+    With SPLIT > 1 (fusion/geometry.rows_contiguous_split: too few row tiles to fill the GPU), SPLIT
+    programs share a row tile, each walking CHUNK columns of it; each writes its reduced values to a
+    workspace and bumps the tile's counter (a release atomic after a barrier, as the matmul
+    template's split-K); the program that finds the counter at SPLIT - 1 combines the partial values
+    in split order (results do not depend on which program finishes last), resets the counter for
+    the next launch, and computes and stores the row outputs."""
     m, r = dom.rows, dom.row_size
     block_m, block_r, num_warps = rows_contiguous_launch(dom, config, sm_count)
+    split, chunk = rows_contiguous_split(dom, config, sm_count)
+    tiles = math.ceil(m / block_m)
     pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, m * r) else "tl.program_id(0)"
     em = Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",
                                         frozenset({"rows", "cols"}): "mask"}, pdl=pdl)
@@ -100,7 +111,11 @@ def _generate_looped_reduction(group: Group, dom: ReductionDomain, config: Confi
     em.lines += [f"{a} = tl.full([BLOCK_M, BLOCK_R], {_LOOPED[packet_name(n.op)]}, {TL_DTYPE[w]})"
                  for a, n, w in zip(accs, reductions, wides, strict=True)]
     cache, bound = dict(em.cache), dict(em.bound)  # what the loop binds is gone after it
-    em.lines.append(f"for r0 in range(0, {r}, BLOCK_R):")
+    if split > 1:  # this program's slice; a chunk is whole steps, so a slice past the row has none
+        em.lines.append(f"for r0 in range(tl.program_id(1) * {chunk}, "
+                        f"tl.minimum(tl.program_id(1) * {chunk} + {chunk}, {r}), BLOCK_R):")
+    else:
+        em.lines.append(f"for r0 in range(0, {r}, BLOCK_R):")
     start = len(em.lines)
     em.lines.append("cols = r0 + tl.arange(0, BLOCK_R)[None, :]")
     em.lines += _column_masks(full_rows, full_cols, r)
@@ -130,23 +145,64 @@ def _generate_looped_reduction(group: Group, dom: ReductionDomain, config: Confi
             row_outputs.append((j, out))
     em.lines[start:] = [f"    {line}" for line in em.lines[start:]]
     em.cache, em.bound = cache, bound
-    for acc, n, wide in zip(accs, reductions, wides, strict=True):
+    totals = []
+    for acc, n in zip(accs, reductions, strict=True):
         name = packet_name(n.op)
-        if name in ("sum", "mean"):
-            total = f"tl.sum({acc}, axis=1)[:, None]"
-            total = total if name == "sum" else f"{total} / {r}.0"
-        else:
-            total = f"tl.reduce({acc}, 1, {'_sf_max_nan' if name == 'amax' else '_sf_min_nan'})[:, None]"
-        em.reduced[n] = em.tmp(total, wide)
+        totals.append(f"tl.sum({acc}, axis=1)" if name in ("sum", "mean") else
+                      f"tl.reduce({acc}, 1, {'_sf_max_nan' if name == 'amax' else '_sf_min_nan'})")
+    body_start = len(em.lines)
+    if split > 1:
+        totals = _combine_split(em, reductions, totals, split)
+        body_start = len(em.lines)
+    for n, total, wide in zip(reductions, totals, wides, strict=True):
+        total = f"({total})[:, None]"
+        em.reduced[n] = em.tmp(total if packet_name(n.op) != "mean" else f"{total} / {r}.0", wide)
     rows_only = tuple(ZERO if d in dom.dims else e for d, e in enumerate(full))
     for j, out in row_outputs:
         row = _row_index(rows_only, dom, out.shape)
         v = em.value(out, row)
         offset = "rows" if store_strides(out) is None else store_offset(row, out).text
         em.store(f"out{j}_ptr + {offset}", store_cast(v, out), em.mask_for(frozenset({"rows"})))
-    return em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
-                     grid=(math.ceil(m / block_m),), num_warps=num_warps,
-                     constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
+    if split > 1:  # the row outputs under `if last:`
+        em.lines[body_start:] = [f"    {line}" for line in em.lines[body_start:]]
+        em.scratch_params = SPLIT_SCRATCH_PARAMS
+    source = em.finish("red", ["BLOCK_M: tl.constexpr", "BLOCK_R: tl.constexpr"],
+                       grid=(tiles, split) if split > 1 else (tiles,), num_warps=num_warps,
+                       constexprs={"BLOCK_M": block_m, "BLOCK_R": block_r})
+    if split > 1:
+        source.scratch = [(tiles * len(reductions) * split * block_m, torch.float32), (tiles, torch.int32)]
+    return source
+
+
+SPLIT_SCRATCH_PARAMS = ["ws_ptr", "lock_ptr"]
+"""The split looped reduction's workspace (partial values) and per-tile counters."""
+
+
+def _combine_split(em: Emitter, reductions: list[Node], totals: list[str], split: int) -> list[str]:
+    """Store this program's partial values, count it in, and (as the last of the tile's SPLIT
+    programs) load every partial in split order and combine them: the combined values' names."""
+    em.lines.append("tile = tl.program_id(0)")
+    em.lines.append("offs_m = tl.arange(0, BLOCK_M)")
+    for k, total in enumerate(totals):
+        em.lines.append(f"tl.store(ws_ptr + ((tile * {len(reductions)} + {k}) * {split} + tl.program_id(1)) * BLOCK_M "
+                        f"+ offs_m, {total})")
+    em.lines += ["tl.debug_barrier()",  # every thread's partial is written before the release below
+                 f'last = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel") == {split - 1}',
+                 "if last:"]
+    names = []
+    for k, n in enumerate(reductions):
+        name = packet_name(n.op)
+        base = f"ws_ptr + (tile * {len(reductions)} + {k}) * {split} * BLOCK_M + offs_m"
+        em.lines.append(f"    part{k} = tl.load({base}, cache_modifier=\".cg\")")
+        em.lines.append(f"    for s in tl.static_range(1, {split}):")
+        nxt = f'tl.load({base} + s * BLOCK_M, cache_modifier=".cg")'
+        if name in ("sum", "mean"):
+            em.lines.append(f"        part{k} = part{k} + {nxt}")
+        else:
+            em.lines.append(f"        part{k} = {'_sf_max_nan' if name == 'amax' else '_sf_min_nan'}(part{k}, {nxt})")
+        names.append(f"part{k}")
+    em.lines.append("    tl.atomic_xchg(lock_ptr + tile, 0)")  # ready for the next launch
+    return names
 
 
 def _row_index(full: Index, dom: ReductionDomain, shape: tuple[int, ...]) -> Index:

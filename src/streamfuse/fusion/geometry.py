@@ -88,8 +88,25 @@ def rows_contiguous_launch(dom: ReductionDomain, config: Config, sm_count: int) 
 def fills_rows_contiguous(dom: ReductionDomain, config: Config, sm_count: int) -> bool:
     """Enough rows that the rows-contiguous reduction's smallest tile gives every SM
     `grid_min_waves` programs (with fewer, its long loops leave the GPU idle; the persistent
-    reduction's one program per row keeps more loads in flight)."""
-    return math.ceil(dom.rows / ROWS_TILE_MIN) >= config.grid_min_waves * sm_count
+    reduction's one program per row keeps more loads in flight), counting the split of each row
+    into BLOCK_R-long slices where Config.reduction_row_split allows it."""
+    slices = math.ceil(dom.row_size / min(next_pow2(dom.row_size), 2048 // ROWS_TILE_MIN))
+    return math.ceil(dom.rows / ROWS_TILE_MIN) * (slices if config.reduction_row_split else 1) \
+        >= config.grid_min_waves * sm_count
+
+
+def rows_contiguous_split(dom: ReductionDomain, config: Config, sm_count: int) -> tuple[int, int]:
+    """(SPLIT, CHUNK) of the looped reduction: SPLIT programs per row tile, each summing CHUNK of
+    the row (a multiple of BLOCK_R), where the row tiles alone give fewer than `grid_min_waves`
+    programs per SM; (1, row size) otherwise. Splits are as many as fill the GPU, rounded so that
+    every slice is a whole number of steps (more slices rather than fewer)."""
+    block_m, block_r, _ = rows_contiguous_launch(dom, config, sm_count)
+    tiles, steps = math.ceil(dom.rows / block_m), math.ceil(dom.row_size / block_r)
+    target = config.grid_min_waves * sm_count
+    if not config.reduction_row_split or tiles >= target or steps < 2:
+        return 1, dom.row_size
+    chunk = max(1, steps // min(steps, math.ceil(target / tiles))) * block_r
+    return math.ceil(dom.row_size / chunk), chunk
 
 
 LOOPED_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin"})

@@ -34,7 +34,8 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
         head = (f"reduction of {g.domain.rows} rows x {g.domain.row_size} over dims {list(g.domain.dims)} of "
                 f"{list(g.domain.shape)}, grid {src.grid}, {src.num_warps} warps, {src.constexprs}"
                 + ("; looped, threads along the rows (adjacent in memory)"
-                   if g.rows_contiguous else ""))
+                   if g.rows_contiguous else "")
+                + (f", each row split over {src.grid[1]} programs" if len(src.grid) > 1 else ""))
     elif g.kind is GroupKind.HORIZONTAL:
         src = compiled.sources[g.id]
         shapes = ", ".join(str(list(p.shape)) for p in g.parts)
