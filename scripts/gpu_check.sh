@@ -296,9 +296,9 @@ step session28b 150 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short
   tests/test_replay.py tests/test_dropout.py tests/test_matmul.py
 step gpt2train 200 python3 benchmarks/training.py --models gpt2 --modes eager,streamfuse --steps 8 --profile \
   --json "$OUT/gpt2train.json"
-step split 330 bash -c 'for m in off on; do streamfuse bench --suite models --models efficientnet,mobilenet_v3,regnet \
+step rowsplit 330 bash -c 'for m in off on; do streamfuse bench --suite models --models efficientnet,mobilenet_v3,regnet \
   --batch 1 --dtype float32 --modes $([ $m = on ] && echo eager,compile-ro,streamfuse,sf-backend || echo streamfuse) \
-  --reps 20 --set reduction_row_split=$([ $m = on ] && echo true || echo false) --out "$0/split-$m"; done' "$OUT"
+  --reps 20 --set reduction_row_split=$([ $m = on ] && echo true || echo false) --out "$0/rowsplit-$m"; done' "$OUT"
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
@@ -368,7 +368,7 @@ for f in walk-check text1 nosplit-off nosplit-on recompute-64 recompute-32 branc
 [ -f "$OUT/stale2.txt" ] && tail -30 "$OUT/stale2.txt"
 [ -f "$OUT/session28b.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/session28b.txt" | head -30; tail -3 "$OUT/session28b.txt"; }
 [ -f "$OUT/gpt2train.txt" ] && grep -v "^$" "$OUT/gpt2train.txt" | grep -v Warn | head -40
-[ -f "$OUT/split.txt" ] && grep -E "b1|ratio|geomean|x " "$OUT/split.txt" | tail -30
+[ -f "$OUT/rowsplit.txt" ] && grep -E "b1|ratio|geomean|x " "$OUT/rowsplit.txt" | tail -30
 [ -f "$OUT/gpt2prof.txt" ] && grep -v "^$" "$OUT/gpt2prof.txt" | tail -90
 [ -f "$OUT/newtests5.txt" ] && { grep -E "FAILED|ERROR|^E " "$OUT/newtests5.txt" | head -30; tail -3 "$OUT/newtests5.txt"; }
 [ -f "$OUT/catwalk2.txt" ] && grep -v "^$" "$OUT/catwalk2.txt" | grep -v Warn
