@@ -199,7 +199,7 @@ def test_few_columns_split_each_row_and_combine_in_order(config, device, shape, 
     stored on the way too; every call gives the same bits (no atomics on data), and the counters
     are reset for the next launch (the second call). On the CPU a 16-SM device keeps the
     interpreter's programs few; on the GPU, 6x the columns (768) and 4x the rows."""
-    import streamfuse.runtime.executable as executable
+    from streamfuse.runtime import executable
     from streamfuse.fusion.geometry import rows_contiguous_split
 
     if device.type == "cpu":

@@ -40,6 +40,7 @@ from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.memory import on_out_of_memory
 from streamfuse.runtime.replay import ReplayGraph
 
+
 class _Registry:
     """What the backend compiled in this process, newest last, held weakly: an entry reads None once
     its graph is gone (torch._dynamo.reset(), the compiled model deleted). A graph holds its CUDA

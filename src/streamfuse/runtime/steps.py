@@ -217,8 +217,8 @@ class KernelStep:
             if compiled is not None and triton_hooks_unset():
                 grid = self.source.grid
                 stream = torch._C._cuda_getCurrentRawStream(self.device.index or 0)
-                compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                             *args, *self.source.constexprs.values())
+                compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, 1, stream, compiled.function,
+                             compiled.packed_metadata, None, None, None, *args, *self.source.constexprs.values())
             elif compiled is None and self.fallback_slot is not None:
                 try:
                     self._compiled[key] = self._launch(args)
