@@ -199,8 +199,8 @@ def test_few_columns_split_each_row_and_combine_in_order(config, device, shape, 
     stored on the way too; every call gives the same bits (no atomics on data), and the counters
     are reset for the next launch (the second call). On the CPU a 16-SM device keeps the
     interpreter's programs few; on the GPU, 6x the columns (768) and 4x the rows."""
-    from streamfuse.runtime import executable
     from streamfuse.fusion.geometry import rows_contiguous_split
+    from streamfuse.runtime import executable
 
     if device.type == "cpu":
         monkeypatch.setattr(executable, "DEFAULT_SM_COUNT", 16)
