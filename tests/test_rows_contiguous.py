@@ -228,23 +228,23 @@ def test_few_columns_split_each_row_and_combine_in_order(config, device, shape, 
 def test_layer_norm_and_bias_gradients_through_split_column_sums(config, device, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A transformer MLP's training step through the backend: the layer-norm weight and bias
     gradients and the Linear bias gradients are column sums over the tokens, which a 16-SM device
-    (on the CPU; the H200's 132 on the GPU, with 8x the tokens) runs split. Loss, gradients and
-    parameters match eager over three SGD steps."""
+    (on the CPU; on the GPU its own SMs, with GPT-2's 768 features and 8x the tokens) runs split.
+    Loss, gradients and parameters match eager over three SGD steps."""
     from test_training import train_and_compare
 
     from streamfuse.capture.backend import compiled_graphs
     from streamfuse.fusion.geometry import rows_contiguous_split
     from streamfuse.runtime import executable
 
-    tokens = 300
+    tokens, width = 300, 128
     if device.type == "cpu":
         monkeypatch.setattr(executable, "DEFAULT_SM_COUNT", 16)
     else:
-        tokens *= 8
+        tokens, width = tokens * 8, 768
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(128, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 128)).to(device)
+    model = nn.Sequential(nn.Linear(width, width), nn.LayerNorm(width), nn.GELU(), nn.Linear(width, width)).to(device)
     gen = torch.Generator().manual_seed(4)
-    batches = [(torch.randn(tokens, 128, generator=gen).to(device),) for _ in range(3)]
+    batches = [(torch.randn(tokens, width, generator=gen).to(device),) for _ in range(3)]
     first = len(compiled_graphs)
     train_and_compare(model, batches, lambda m, x: m(x).square().mean(), config)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 16
