@@ -14,6 +14,7 @@
 # copies each step's log over docs/bench/<step>.txt, and bench/bench.{json,png} and epilogue/epilogue.json
 # over docs/bench/; the previous run's files stay in git history.
 set -uo pipefail
+self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = record ]; then
   archive="${2:?usage: bash scripts/gpu_check.sh record DIR}/all.tgz"
@@ -30,6 +31,9 @@ if [ "${1:-}" = record ]; then
   rm -rf "$tmp"
   exit 0
 fi
+# two steps of one name would both run and write one log (run 107 lost a step's time to that)
+dupes=$(grep -o '^step [A-Za-z0-9_-]*' "$self" | sort | uniq -d)
+[ -n "$dupes" ] && { echo "steps defined twice: $dupes"; exit 2; }
 OUT="${OUT:-gpu-check}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src" PYTHONUNBUFFERED=1
