@@ -199,6 +199,28 @@ def test_small_parameters_are_read_in_place_and_a_small_batch_is_copied(config: 
     assert forward.replay_stats.replays >= 3 and backward.replay_stats.replays >= 3, forward.explain(source=False)
 
 
+def test_each_training_call_draws_once_from_torchs_generator(config: streamfuse.Config,
+                                                             device: torch.device) -> None:
+    """With dropout and the default Config.seed, each forward call draws its counter base from
+    torch's generator exactly once, whether it runs step by step (the first calls) or replays:
+    the step-by-step path drew a second time after the replay wrapper's draw, so what the caller's
+    torch.rand gave next depended on which path ran."""
+    # generated kernels draw the masks (in the interpreter on the CPU): the reference executor's
+    # dropout draws on the host, and such a graph never records
+    _, _, compiled = _pair(lambda: _MLP(dropout=0.3), config.replace(executor="triton"), device)
+    first = len(backend_module.compiled_graphs)
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(3)).to(device)
+    for step in range(8):
+        torch.manual_seed(100 + step)
+        compiled(x).sum().backward()
+        after = torch.rand(1)
+        torch.manual_seed(100 + step)
+        torch.randint(0, 2**31 - 1, (1,))  # the one draw (Executable.follow_torch_seed)
+        assert torch.equal(after, torch.rand(1)), f"call {step}: not exactly one draw"
+    forward = _replays(first)["forward"]
+    assert forward.replay_stats.replays >= 2 and forward.replay_stats.step_by_step >= 1, forward.explain(source=False)
+
+
 def _compare_params(step: int, model: nn.Module, eager: nn.Module, grads: bool) -> None:
     for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
         if grads:

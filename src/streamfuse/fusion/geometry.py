@@ -80,9 +80,14 @@ def rows_contiguous_launch(dom: ReductionDomain, config: Config, sm_count: int) 
     block_m = min(32, max(ROWS_TILE_MIN, next_pow2(m)))
     while block_m > ROWS_TILE_MIN and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
         block_m //= 2
-    block_r = max(1, min(next_pow2(r), 2048 // block_m))
+    block_r = _rows_step(r, block_m)
     num_warps = 8 if block_m * block_r >= 2048 else 4
     return block_m, block_r, num_warps
+
+
+def _rows_step(row_size: int, block_m: int) -> int:
+    """BLOCK_R of the rows-contiguous reduction: a tile of about 2048 elements per step."""
+    return max(1, min(next_pow2(row_size), 2048 // block_m))
 
 
 def fills_rows_contiguous(dom: ReductionDomain, config: Config, sm_count: int) -> bool:
@@ -90,7 +95,7 @@ def fills_rows_contiguous(dom: ReductionDomain, config: Config, sm_count: int) -
     `grid_min_waves` programs (with fewer, its long loops leave the GPU idle; the persistent
     reduction's one program per row keeps more loads in flight), counting the split of each row
     into BLOCK_R-long slices where Config.reduction_row_split allows it."""
-    slices = math.ceil(dom.row_size / min(next_pow2(dom.row_size), 2048 // ROWS_TILE_MIN))
+    slices = math.ceil(dom.row_size / _rows_step(dom.row_size, ROWS_TILE_MIN))
     return math.ceil(dom.rows / ROWS_TILE_MIN) * (slices if config.reduction_row_split else 1) \
         >= config.grid_min_waves * sm_count
 

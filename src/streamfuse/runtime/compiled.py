@@ -297,11 +297,14 @@ class CompiledGraph:
             return flat[0]
         return pytree.tree_unflatten(flat, self.call.out_spec)
 
-    def run_flat(self, inputs: list[Any]) -> list[Any]:
-        """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out."""
+    def run_flat(self, inputs: list[Any], follow_seed: bool = True) -> list[Any]:
+        """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out.
+        `follow_seed=False`: the caller already drew this call's dropout base (ReplayGraph), so a call
+        draws once from torch's generator whichever path runs it."""
         if self.weights_watch is not None:
             self.weights_watch.check()
-        self._follow_torch_seed()
+        if follow_seed:
+            self._follow_torch_seed()
         try:
             if not self._proven:
                 return self._first_calls(lambda args: self._run_flat(list(args)), inputs)

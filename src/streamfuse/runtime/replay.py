@@ -288,7 +288,7 @@ class ReplayGraph:
 
     def run_flat(self, args: list[Any]) -> list[Any]:
         self.calls += 1
-        self.compiled.base.follow_torch_seed()
+        self.compiled._follow_torch_seed()  # once per call, whichever path below runs it
         args = self.compiled.base.device_scalars(args)  # SDPA's host Philox seed and offset
         stats = self.replay_stats
         graph = self.graph
@@ -319,7 +319,7 @@ class ReplayGraph:
             if recorded is not None:
                 return recorded
         stats.step_by_step += 1
-        return self.compiled.run_flat(args)
+        return self.compiled.run_flat(args, follow_seed=False)  # drawn above: one draw per call
 
     def _record_spare(self, args: list[Any]) -> list[Any] | None:
         """A second instance of the backward's graph, recorded when the first one's gradients are
