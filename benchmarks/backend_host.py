@@ -31,7 +31,7 @@ def cached_output_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -
     return lambda *args: out
 
 
-def measure(name: str) -> None:
+def measure(name: str, profile: bool = False) -> None:
     import torchvision
 
     torch.manual_seed(0)
@@ -58,19 +58,43 @@ def measure(name: str) -> None:
     row("backend=streamfuse", lambda: backend(x))
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
         row("  same, guards skipped", lambda: backend(x))
+    if profile:
+        host_profile(lambda: backend(x))
     torch._dynamo.reset()
+
+
+def host_profile(fn: Callable[[], Any], calls: int = 300, top: int = 25) -> None:
+    """cProfile of `calls` calls (a synchronize every 20, so the GPU's queue never blocks the host):
+    the functions with the most time of their own, per call."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(calls):
+        fn()
+        if i % 20 == 19:
+            torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]  # type: ignore[attr-defined]
+    print(f"    cProfile, {calls} calls: own µs per call / cumulative µs per call / calls per call / function")
+    for (path, line, name), (_, ncalls, own, cum, _) in rows:
+        print(f"    {own / calls * 1e6:8.1f} {cum / calls * 1e6:9.1f} {ncalls / calls:7.1f}  "
+              f"{Path(path).name}:{line}({name})")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="shufflenet_v2_x1_0,resnet50,mobilenet_v3_small")
+    parser.add_argument("--profile", action="store_true", help="cProfile the backend's calls too")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA")
         return 1
     torch.set_grad_enabled(False)
     for name in args.models.split(","):
-        measure(name)
+        measure(name, args.profile)
     return 0
 
 

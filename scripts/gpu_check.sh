@@ -303,10 +303,15 @@ step gpt2train 200 python3 benchmarks/training.py --models gpt2 --modes eager,st
 step rowsplit 330 bash -c 'for m in off on; do streamfuse bench --suite models --models efficientnet,mobilenet_v3,regnet \
   --batch 1 --dtype float32 --modes $([ $m = on ] && echo eager,compile-ro,streamfuse,sf-backend || echo streamfuse) \
   --reps 20 --set reduction_row_split=$([ $m = on ] && echo true || echo false) --out "$0/rowsplit-$m"; done' "$OUT"
+# session 29: session 28's tests never run on the GPU (one dropout draw per backend training call; the
+# layer-norm MLP's gradients through split column sums), and GPT-2's training memory by holder
+step session29 120 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_replay.py \
+  tests/test_rows_contiguous.py -k "draws_once or layer_norm_and_bias or few_columns"
+step trainmem-gpt2 120 python3 benchmarks/training_memory.py --models gpt2 --top 12
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
-step backend-host 120 python3 benchmarks/backend_host.py
+step backend-host 120 python3 benchmarks/backend_host.py --profile --models mobilenet_v3_small,efficientnet_b0,resnet50
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --history --profile --json "$OUT/training-mix.json"

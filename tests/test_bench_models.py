@@ -174,3 +174,32 @@ def test_each_finished_workload_gets_a_summary_line() -> None:
     assert line.startswith("convnext_tiny b32 fp32: compile-ro 4006.3 µs")
     assert "streamfuse 3923.0 µs (1.02x reduce-overhead)" in line
     assert "sf-backend - (RuntimeError: something broke)" in line and line.endswith("max rel err 7.4e-07")
+
+
+class _GradModeProbe(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.grad_modes: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.grad_modes.append(torch.is_grad_enabled())
+        return self.lin(x).relu()
+
+
+def test_timed_calls_run_without_autograd(config, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The suite times inference as a user runs it: the float32 rows built again for timing (TF32 on)
+    are built and timed without autograd too (else torch.compile and the backend trace training graphs)."""
+    import streamfuse.bench.runner as runner
+
+    probes: list[_GradModeProbe] = []
+
+    def make(device: torch.device) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        probes.append(_GradModeProbe().eval())
+        return probes[-1], (torch.randn(2, 8),)
+
+    monkeypatch.setattr(runner, "retime_with_defaults", lambda workload, device: True)  # as on CUDA in fp32
+    (row,) = run_suite([Workload("probe", make, tolerance=1e-4)], ["eager"], torch.device("cpu"), config, reps=2)
+    assert row.modes["eager"].error is None and row.modes["eager"].us is not None
+    calls = [mode for p in probes for mode in p.grad_modes]
+    assert len(probes) >= 2 and len(calls) >= 5 and not any(calls)
