@@ -31,7 +31,7 @@ def cached_output_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -
     return lambda *args: out
 
 
-def measure(name: str, profile: bool = False) -> None:
+def measure(name: str, profile: bool = False, layers: bool = False) -> None:
     import torchvision
 
     torch.manual_seed(0)
@@ -60,7 +60,71 @@ def measure(name: str, profile: bool = False) -> None:
         row("  same, guards skipped", lambda: backend(x))
     if profile:
         host_profile(lambda: backend(x))
+    if layers:
+        layer_times("backend=streamfuse", lambda: backend(x))
+        layer_times("streamfuse.compile", lambda: sf(x))
     torch._dynamo.reset()
+
+
+def layer_times(label: str, fn: Callable[[], Any], calls: int = 400) -> None:
+    """Host µs per call spent inside each layer of the call path (inclusive; perf_counter around the
+    methods, no profiler), and the host time per call with Python's garbage collector disabled and
+    with every existing object frozen out of its generations (gc.freeze)."""
+    import gc
+    import time
+
+    from streamfuse.capture import backend as backend_module
+    from streamfuse.runtime import compiled as compiled_module
+    from streamfuse.runtime import graphs as graphs_module
+
+    targets = [(backend_module.StaticParamsGraph, "run_flat"), (compiled_module.CompiledGraph, "__call__"),
+               (compiled_module.CompiledGraph, "_entry"), (compiled_module.CompiledGraph, "_call"),
+               (compiled_module.CompiledGraph, "_replay"), (compiled_module.CompiledGraph, "_check_batch"),
+               (graphs_module.GraphRunner, "__call__"), (graphs_module.GraphRunner, "_replay")]
+    spent: dict[str, int] = {}
+    saved = []
+    for cls, name in targets:
+        original = cls.__dict__[name]
+        key = f"{cls.__name__}.{name}"
+        spent[key] = 0
+
+        def timed(*a: Any, _original: Any = original, _key: str = key, **k: Any) -> Any:
+            t = time.perf_counter_ns()
+            try:
+                return _original(*a, **k)
+            finally:
+                spent[_key] += time.perf_counter_ns() - t
+
+        setattr(cls, name, timed)
+        saved.append((cls, name, original))
+    total = 0
+    try:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        spent.update(dict.fromkeys(spent, 0))
+        for i in range(calls):
+            t = time.perf_counter_ns()
+            fn()
+            total += time.perf_counter_ns() - t
+            if i % 20 == 19:
+                torch.cuda.synchronize()
+    finally:
+        for cls, name, original in saved:
+            setattr(cls, name, original)
+    print(f"    {label}: host µs per call inside each layer (inclusive), {calls} calls")
+    print(f"      {total / calls / 1e3:8.1f}  whole call")
+    for key, ns in spent.items():
+        print(f"      {ns / calls / 1e3:8.1f}  {key}")
+    print(f"      gc: counts {gc.get_count()}, thresholds {gc.get_threshold()}, tracked objects {len(gc.get_objects())}")
+    enabled = host_us_per_call(fn)
+    gc.disable()
+    disabled = host_us_per_call(fn)
+    gc.enable()
+    gc.freeze()
+    frozen = host_us_per_call(fn)
+    gc.unfreeze()
+    print(f"      host µs per call: gc on {enabled:.1f}, gc off {disabled:.1f}, after gc.freeze() {frozen:.1f}")
 
 
 def host_profile(fn: Callable[[], Any], calls: int = 300, top: int = 25) -> None:
@@ -88,13 +152,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="shufflenet_v2_x1_0,resnet50,mobilenet_v3_small")
     parser.add_argument("--profile", action="store_true", help="cProfile the backend's calls too")
+    parser.add_argument("--layers", action="store_true", help="host time inside each layer, and with the gc off")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA")
         return 1
     torch.set_grad_enabled(False)
     for name in args.models.split(","):
-        measure(name, args.profile)
+        measure(name, args.profile, args.layers)
     return 0
 
 

@@ -312,6 +312,7 @@ step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --t
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
 step backend-host 120 python3 benchmarks/backend_host.py --profile --models mobilenet_v3_small,efficientnet_b0,resnet50
+step backend-layers 120 python3 benchmarks/backend_host.py --layers --models mobilenet_v3_small,efficientnet_b0
 step optimizer 150 python3 benchmarks/optimizer.py --model gpt2 --optimizers adamw,sgd --json "$OUT/optimizer.json"
 step training-mix 330 python3 benchmarks/training.py --models resnet18,bert-base --modes eager,compile,streamfuse \
   --steps 10 --history --profile --json "$OUT/training-mix.json"
