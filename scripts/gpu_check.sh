@@ -119,6 +119,9 @@ step models-tp3 560 streamfuse bench --suite models --models vit_b,swin,distilbe
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-tp3"
 step models-bf16b 560 streamfuse bench --suite models --models swin,vit_b,gpt2,bert-base,llama,mobilenet_v3,googlenet \
   --batch 1 --dtype bfloat16 --modes eager,streamfuse,sf-backend --reps 20 --out "$OUT/models-bf16b"
+# session 29: the bfloat16 batch-1 rows never run on the GPU, beside reduce-overhead this time
+step models-bf16c 560 streamfuse bench --suite models --models gpt2,bert-base,llama,swin,vit_b,mobilenet_v3,googlenet \
+  --batch 1 --dtype bfloat16 --modes $MODES_RO --reps 20 --out "$OUT/models-bf16c"
 step models-perm 200 streamfuse bench --suite models --models convnext,vit_b,swin --batch 1 --dtype float32 \
   --modes streamfuse,sf-backend --reps 20 --out "$OUT/models-perm"
 step models-d 560 streamfuse bench --suite models --models swin,gpt2,distilbert --batch 1 \
