@@ -61,9 +61,34 @@ def measure(name: str, profile: bool = False, layers: bool = False) -> None:
     if profile:
         host_profile(lambda: backend(x))
     if layers:
+        pointer_check_cost(list(model.parameters()) + list(model.buffers()))
         layer_times("backend=streamfuse", lambda: backend(x))
         layer_times("streamfuse.compile", lambda: sf(x))
     torch._dynamo.reset()
+
+
+def pointer_check_cost(tensors: list[torch.Tensor], reps: int = 2000) -> None:
+    """µs per check that `tensors` kept their memory (runtime/memory.PointerCheck): torch's C++ loop
+    (CUDA builds) against the map over Tensor.data_ptr it falls back to."""
+    import time
+
+    from streamfuse.runtime import memory
+
+    check = memory.PointerCheck(tensors, list(range(len(tensors))))
+    loop = memory._POINTERS_EQUAL
+    row = []
+    for label, impl in (("C++ loop", loop), ("map over data_ptr", None)):
+        if label == "C++ loop" and impl is None:
+            row.append(f"{label}: not in this torch build")
+            continue
+        memory._POINTERS_EQUAL = impl
+        assert check.same(tensors)
+        t = time.perf_counter()
+        for _ in range(reps):
+            check.same(tensors)
+        row.append(f"{label} {(time.perf_counter() - t) / reps * 1e6:.1f}")
+    memory._POINTERS_EQUAL = loop
+    print(f"    pointer check over {len(tensors)} tensors, µs per call: {'; '.join(row)}")
 
 
 def layer_times(label: str, fn: Callable[[], Any], calls: int = 400) -> None:

@@ -303,3 +303,26 @@ def test_recorded_graphs_survive_cublas_workspaces_being_cleared_and_memory_rele
             assert all(float(c[0]) == i for i, c in enumerate(churn))  # nothing wrote into them
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4 * float(ref.abs().max()))
             del churn
+
+
+@pytest.mark.parametrize("cpp_loop", [False, True])
+def test_pointer_check_sees_a_parameter_given_new_memory(cpp_loop: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PointerCheck (the per-call check that bound parameters kept their memory) through torch's C++
+    loop, as on CUDA builds (emulated here with its contract: `tensors[i].data_ptr() == ptrs[i]` for i
+    in indices, ptrs aligned with tensors), and through the map it falls back to; a tuple always
+    takes the map (the C++ loop takes a list only)."""
+
+    def loop(tensors: list, ptrs: list, indices: list) -> bool:  # type: ignore[type-arg]
+        assert type(tensors) is list and len(ptrs) == len(tensors)
+        return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+    monkeypatch.setattr(memory, "_POINTERS_EQUAL", loop if cpp_loop else None)
+    params = [torch.nn.Parameter(torch.randn(4)) for _ in range(3)]
+    args = [torch.randn(2), params[0], 7, params[1], params[2]]  # a batch, parameters, a non-tensor
+    check = memory.PointerCheck(args, [1, 3, 4])
+    assert check.same(args) and check.same(tuple(args))
+    assert memory.PointerCheck(args, []).same(args) and memory.PointerCheck(args, [3]).same(args)
+    args[0] = torch.randn(2)  # an unchecked position moves: still the same
+    assert check.same(args)
+    params[1].data = torch.randn(4)  # new memory, no version bump
+    assert not check.same(args) and not check.same(tuple(args))

@@ -22,6 +22,7 @@ from streamfuse.profile.api import predict
 from streamfuse.profile.api import profile as _profile
 from streamfuse.runtime.compiled import CallSpec, CompiledGraph
 from streamfuse.runtime.fallback import EagerFallback, StreamfuseFallbackWarning
+from streamfuse.runtime.memory import PointerCheck
 from streamfuse.runtime.parallel import ParallelModels, parallel
 
 __version__ = "0.1.0"
@@ -140,7 +141,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     compiled.weights_watch = snapshots.watch()
     compiled.bound_tensors = [t for name, t in captured.bound.items()
                               if name not in captured.literals and isinstance(t, torch.Tensor) and not t.is_meta]
-    compiled.bound_pointers = list(map(torch.Tensor.data_ptr, compiled.bound_tensors))
+    compiled.bound_pointers = PointerCheck(compiled.bound_tensors, list(range(len(compiled.bound_tensors))))
     user_model = model.model if isinstance(model, KeywordInputs) else model
     if isinstance(user_model, torch.nn.Module):
         compiled.mode_source, compiled.compiled_training = user_model, user_model.training

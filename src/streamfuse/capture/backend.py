@@ -37,7 +37,7 @@ from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.executable import graph_device
 from streamfuse.runtime.fallback import failure_text, warn_fallback
-from streamfuse.runtime.memory import on_out_of_memory
+from streamfuse.runtime.memory import PointerCheck, on_out_of_memory
 from streamfuse.runtime.replay import ReplayGraph
 
 
@@ -226,9 +226,6 @@ def _retraced(gm: torch.fx.GraphModule, config: Config) -> Any:
     return specialize
 
 
-_DATA_PTR = torch.Tensor.data_ptr
-
-
 def _picker(indices: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """The items of a sequence at `indices`, as a tuple (one C call: operator.itemgetter)."""
     if not indices:
@@ -275,7 +272,7 @@ class StaticParamsGraph:
         self.compiled: CompiledGraph | None = None
         self.reason: str | None = None
         self.bound: list[torch.Tensor] = []
-        self.pointers: list[int] = []
+        self.pointers = PointerCheck([], [])
         """The bound tensors' data pointers when bound (a `.data` swap moves them)."""
         self._static_of: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
         self._dynamic_of: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
@@ -301,7 +298,7 @@ class StaticParamsGraph:
         # the per-call checks as C-level maps (a few hundred parameters each: run 107's host time)
         if self.compiled is not None and (all(map(operator.is_, self._static_of(args), self.bound))
                                           or self._unbind_updates(args)):
-            if list(map(_DATA_PTR, self.bound)) != self.pointers:
+            if not self.pointers.same(args):  # args[static] are the bound tensors here
                 self._rebind(args)
                 if self.compiled is None:
                     return self.fallback(args).run_flat(args)
@@ -315,7 +312,8 @@ class StaticParamsGraph:
     def _rebind(self, args: list[Any]) -> None:
         """A bound tensor's memory was replaced: bind again to where they are now."""
         self.rebinds += 1
-        self.compiled, self.bound, self.pointers, self.watched, self.versions, self.folded = None, [], [], [], [], 0
+        self.compiled, self.bound, self.watched, self.versions, self.folded = None, [], [], [], 0
+        self.pointers = PointerCheck([], [])
         self._bind(args)
 
     def _go_live(self, args: list[Any]) -> None:
@@ -369,7 +367,7 @@ class StaticParamsGraph:
             self.reason = f"binding the static inputs failed: {failure_text(exc)}"
             return
         self.bound, self.dynamic = bound, dynamic
-        self.pointers = list(map(_DATA_PTR, bound))
+        self.pointers = PointerCheck(list(args), self.static)
         self._static_of, self._dynamic_of = _picker(self.static), _picker(dynamic)
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:

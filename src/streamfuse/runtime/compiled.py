@@ -29,7 +29,7 @@ from streamfuse.runtime.executable import BadInput, Executable, InputMismatch, b
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
-from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
+from streamfuse.runtime.memory import LEDGER, PointerCheck, graph_memory_limit, on_out_of_memory
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
 Specialize = Callable[[tuple[torch.Tensor, ...]], Any]
@@ -112,9 +112,9 @@ class CompiledGraph:
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
         self.bound_tensors: list[torch.Tensor] = []
-        self.bound_pointers: list[int] | None = None
+        self.bound_pointers: PointerCheck | None = None
         """The model's parameters and buffers the plan reads, and their data pointers when compiled
-        (streamfuse.compile; a pointer compare per tensor per call, ~0.07 µs each)."""
+        (streamfuse.compile; checked on every call: runtime/memory.PointerCheck)."""
         self.mode_source: torch.nn.Module | None = None
         """The nn.Module whose `training` flag the plan was compiled under (streamfuse.compile)."""
         self.compiled_training = False
@@ -190,8 +190,7 @@ class CompiledGraph:
         self._follow_torch_seed()
         if self.mode_source is not None and self.mode_source.training != self.compiled_training:
             return self._in_other_mode(inputs)
-        if self.bound_pointers is not None and \
-                list(map(torch.Tensor.data_ptr, self.bound_tensors)) != self.bound_pointers:
+        if self.bound_pointers is not None and not self.bound_pointers.same(self.bound_tensors):
             self._replaced()
         if self.eager_reason is not None and self._proven:
             return self.eager(*inputs)  # type: ignore[misc]

@@ -22,6 +22,7 @@ out of memory. So:
 from __future__ import annotations
 
 import gc
+import operator
 import warnings
 import weakref
 from collections import OrderedDict
@@ -31,6 +32,39 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 T = TypeVar("T")
+
+
+_POINTERS_EQUAL: Callable[[list[Any], list[Any], list[int]], bool] | None = getattr(
+    torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+"""torch's C++ loop `tensors[i].data_ptr() == ptrs[i] for i in indices` (CUDA builds only; Inductor's
+CUDA graph trees check their static inputs with it on every call)."""
+
+
+class PointerCheck:
+    """Where the tensors at positions `at` of a list kept their memory when built: `same(tensors)` on
+    every call says whether they still do (a `.data` swap moves a parameter without bumping its version
+    counter, and a recorded CUDA graph or a bound plan would read the old memory). One C++ loop where
+    torch has it (CUDA builds), else one C-level map over `Tensor.data_ptr`."""
+
+    def __init__(self, tensors: list[Any], at: list[int]):
+        self.at = list(at)
+        self.expected: list[int | None] = [None] * len(tensors)
+        for i in self.at:
+            self.expected[i] = tensors[i].data_ptr()
+        self.values = [tensors[i].data_ptr() for i in self.at]
+        self._pick: Callable[[list[Any]], list[Any]] = (
+            (lambda seq: [seq[i] for i in self.at]) if len(self.at) < 2 else
+            (lambda seq, get=operator.itemgetter(*self.at): list(get(seq))))  # type: ignore[misc]
+
+    def same(self, tensors: list[Any]) -> bool:
+        if not self.at:
+            return True
+        if _POINTERS_EQUAL is not None and type(tensors) is list:
+            return _POINTERS_EQUAL(tensors, self.expected, self.at)
+        return list(map(_DATA_PTR, self._pick(tensors))) == self.values
+
+
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 class GraphOwner(Protocol):
