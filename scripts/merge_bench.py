@@ -1,12 +1,16 @@
 """Merge one run's `streamfuse bench --suite models` rows into docs/bench/models.json, the suite's
 table across runs (each row keeps the label of the run that measured it; a model measured again
-replaces its row), and recompute the geometric means of the same-run ratios per batch kind.
+replaces its row), recompute the geometric means of the same-run ratios per batch kind, and render
+the merged rows as docs/bench/models.txt (the suite's two tables, each row's run named) and
+docs/bench/models.png (its chart). Every ratio in them is between modes of one run.
 
     python scripts/merge_bench.py "run 83" DIR/bench.json ["what the run measured"]
+    python scripts/merge_bench.py --render
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import sys
@@ -48,8 +52,38 @@ def main(label: str, path: str, desc: str | None = None) -> int:
     doc["geomeans"] = geomeans(doc["rows"])
     DOC.write_text(json.dumps(doc, indent=1))
     print(f"{len(doc['rows'])} rows; geometric means: {json.dumps(doc['geomeans'])}")
+    render(doc)
     return 0
 
 
+def render(doc: dict) -> None:
+    """models.txt and models.png beside models.json, from its rows (the suite's own table and chart)."""
+    from dataclasses import fields
+
+    from rich.console import Console
+
+    sys.path.insert(0, str(DOC.parents[2] / "src"))
+    from streamfuse.bench.report import bar_chart, models_table, streamfuse_table
+    from streamfuse.bench.runner import ModeResult, WorkloadResult
+
+    known = {f.name for f in fields(ModeResult)}
+    results = [WorkloadResult(f"{r['workload']} ({r.get('run', '?')})",
+                              {m: ModeResult(**{k: v for k, v in res.items() if k in known})
+                               for m, res in r["modes"].items()},
+                              info=r.get("info", {}), tolerance=r.get("tolerance")) for r in doc["rows"]]
+    order = ["eager", "eager+graph", "compile", "compile-ro", "streamfuse", "sf-backend"]
+    modes = [m for m in order if any(m in r.modes for r in results)]
+    title = f"streamfuse bench (models), rows merged across runs on {doc.get('card', '?')} (each row's run in brackets)"
+    console = Console(record=True, width=220, force_terminal=False, file=io.StringIO())
+    console.print(models_table(results, modes, title))
+    console.print(streamfuse_table(results, "streamfuse modes: checks (TF32 off) and compile times"))
+    DOC.with_suffix(".txt").write_text(console.export_text())
+    bar_chart(results, modes, DOC.with_suffix(".png"), title)
+    print(f"wrote {DOC.with_suffix('.txt')} and {DOC.with_suffix('.png')}")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--render"]:  # the table and chart of models.json as it is
+        render(json.loads(DOC.read_text()))
+        sys.exit(0)
     sys.exit(main(*sys.argv[1:4]))
