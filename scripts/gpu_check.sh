@@ -311,6 +311,14 @@ step rowsplit 330 bash -c 'for m in off on; do streamfuse bench --suite models -
 step session29 120 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_replay.py \
   tests/test_rows_contiguous.py -k "draws_once or layer_norm_and_bias or few_columns"
 step trainmem-gpt2 120 python3 benchmarks/training_memory.py --models gpt2 --top 12
+# session 29, last call: the pointer check on the GPU (its C++ loop exists only in CUDA builds), the
+# backend's host layers with it, and issue 16's training table for resnet50 and bert-base (last
+# measured in runs 64 and 68) with peak memory
+step s29-tests 60 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_memory.py tests/test_api.py \
+  -k "pointer or new_memory or out_of_memory"
+step s29-layers 60 python3 benchmarks/backend_host.py --layers --models efficientnet_b0
+step s29-train 230 python3 benchmarks/training.py --models resnet50,bert-base --modes eager,compile,streamfuse \
+  --steps 10 --json "$OUT/s29-train.json"
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
