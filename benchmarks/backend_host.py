@@ -8,6 +8,10 @@ and host µs per call (short bursts, profile/timing.host_us_per_call) of
     any torch.compile backend pays per call (Dynamo's guards and the bytecode that gathers the
     parameters as graph inputs), and the same with guard evaluation skipped
     (torch.compiler.set_stance(skip_guard_eval_unsafe=True), which a user may choose; streamfuse does not).
+
+--profile adds a cProfile of the backend's calls (it inflates small frames); --layers the host µs spent
+inside each layer of the call path (perf_counter around the methods, no profiler), the pointer check's
+C++ loop against its fallback, and the host time with the garbage collector off and frozen (session 29).
 """
 
 from __future__ import annotations

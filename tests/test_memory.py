@@ -305,18 +305,21 @@ def test_recorded_graphs_survive_cublas_workspaces_being_cleared_and_memory_rele
             del churn
 
 
-@pytest.mark.parametrize("cpp_loop", [False, True])
-def test_pointer_check_sees_a_parameter_given_new_memory(cpp_loop: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("cpp_loop", ["fallback", "emulated", "torch"])
+def test_pointer_check_sees_a_parameter_given_new_memory(cpp_loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """PointerCheck (the per-call check that bound parameters kept their memory) through torch's C++
-    loop, as on CUDA builds (emulated here with its contract: `tensors[i].data_ptr() == ptrs[i]` for i
-    in indices, ptrs aligned with tensors), and through the map it falls back to; a tuple always
-    takes the map (the C++ loop takes a list only)."""
+    loop (CUDA builds only: "torch" is skipped elsewhere; "emulated" follows its contract,
+    `tensors[i].data_ptr() == ptrs[i]` for i in indices, ptrs aligned with tensors) and through the
+    map it falls back to; a tuple always takes the map (the C++ loop takes a list only)."""
+    if cpp_loop == "torch" and memory._POINTERS_EQUAL is None:
+        pytest.skip("torch._C._tensors_data_ptrs_at_indices_equal is in CUDA builds of torch only")
 
     def loop(tensors: list, ptrs: list, indices: list) -> bool:  # type: ignore[type-arg]
         assert type(tensors) is list and len(ptrs) == len(tensors)
         return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
 
-    monkeypatch.setattr(memory, "_POINTERS_EQUAL", loop if cpp_loop else None)
+    if cpp_loop != "torch":
+        monkeypatch.setattr(memory, "_POINTERS_EQUAL", loop if cpp_loop == "emulated" else None)
     params = [torch.nn.Parameter(torch.randn(4)) for _ in range(3)]
     args = [torch.randn(2), params[0], 7, params[1], params[2]]  # a batch, parameters, a non-tensor
     check = memory.PointerCheck(args, [1, 3, 4])
