@@ -12,7 +12,8 @@
 # The latest result of each benchmark lives at one path in docs/bench (docs/bench/README.md). Back here,
 #   bash scripts/gpu_check.sh record DIR     (DIR: the folder holding the returned all.tgz)
 # copies each step's log over docs/bench/<step>.txt, and bench/bench.{json,png} and epilogue/epilogue.json
-# over docs/bench/; the previous run's files stay in git history.
+# over docs/bench/; the previous run's files stay in git history. A suite step's rows go into
+# docs/bench/models.json (and its rendered models.txt/.png) with scripts/merge_bench.py, not here.
 set -uo pipefail
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
@@ -21,11 +22,12 @@ if [ "${1:-}" = record ]; then
   tmp=$(mktemp -d)
   tar xzf "$archive" -C "$tmp" || { rm -rf "$tmp"; exit 1; }
   for f in epilogue.txt streams.txt host.txt share.txt instances.txt launch.txt bench.txt tma.txt \
-           bench/bench.json bench/bench.png epilogue/epilogue.json models.txt compile.txt bandwidth.txt \
+           bench/bench.json bench/bench.png epilogue/epilogue.json compile.txt bandwidth.txt \
            generate.txt generate.json training.txt training.json training-vision.txt training-vision.json \
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
-           rows-prof.txt; do
+           rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
+           models-tp3.txt models-bf16c.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
