@@ -150,20 +150,94 @@ def test_backend_compiles_under_fake_tensor_mode(config: Any) -> None:
     torch.testing.assert_close(out, f(x, w, b)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_unconvertible_graph_runs_eagerly_with_one_warning(config: Any) -> None:
-    """A model streamfuse cannot capture runs as it is, with a warning naming the reason."""
+class _DataDependentShape(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
 
-    class DataDependent(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x[x > 0].sum() * torch.ones(3)  # a data-dependent shape: torch.export cannot capture it
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.lin(x)) * 2 + 1
+        return h[h > 1].sum() * torch.ones(3) + h.mean()  # a data-dependent shape: no one graph holds it
 
-    model = DataDependent()
-    x = torch.randn(16)
-    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="runs eagerly"):
+
+def test_a_model_that_cannot_be_captured_whole_runs_through_the_backend(config: Any) -> None:
+    """A model torch.export cannot capture as one graph goes through torch.compile(backend=
+    "streamfuse") instead, with one warning naming the reason: Dynamo splits it at the data-dependent
+    shape and the backend compiles the pieces."""
+    torch.manual_seed(0)
+    model = _DataDependentShape().eval()
+    x = torch.randn(4, 16)
+    torch._dynamo.reset()
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
         compiled = streamfuse.compile(model, (x,), config)
-    assert isinstance(compiled, streamfuse.EagerFallback)
-    assert "capture or planning failed" in compiled.explain()
-    torch.testing.assert_close(compiled(x), model(x))
+    assert isinstance(compiled, streamfuse.BackendFallback)
+    with torch.no_grad():
+        for batch in (4, 3):
+            y = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(y), model(y), rtol=1e-5, atol=1e-5)
+    assert compiled.eager_reason is None and compiled.stats["graphs"] >= 1 and compiled.stats["kernels"]
+    assert "capture or planning failed" in compiled.explain() and "graph(s) compiled" in compiled.explain()
+    torch._dynamo.reset()
+
+
+def test_where_the_backend_fails_too_the_model_runs_eagerly(config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend failing as well sends the model to eager for good, with a second warning; a bad
+    input still raises eager's own error."""
+    import streamfuse.capture.backend as backend_module
+
+    def broken(config: Any = None) -> Any:
+        def backend(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("planning exploded")
+        return backend
+
+    monkeypatch.setattr(backend_module, "make_backend", broken)
+    model = _DataDependentShape().eval()
+    x = torch.randn(4, 16)
+    torch._dynamo.reset()
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
+        compiled = streamfuse.compile(model, (x,), config)
+    with torch.no_grad():
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="runs eagerly: .*failed too"):
+            torch.testing.assert_close(compiled(x), model(x))
+        assert compiled.eager_reason is not None and "planning exploded" in compiled.eager_reason
+        torch.testing.assert_close(compiled(x), model(x))
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+            compiled(torch.randn(4, 9))
+    assert compiled.stats["kernels"] is None and "runs eagerly" in compiled.explain()
+    torch._dynamo.reset()
+
+
+def test_an_output_torch_export_cannot_flatten_goes_through_the_backend(config: Any) -> None:
+    """A model returning an object pytree cannot flatten (Mamba's cache in transformers 5) is not
+    captured whole; through the backend it compiles, and the object comes back as eager's."""
+
+    class State:
+        def __init__(self, h: torch.Tensor):
+            self.h = h
+
+    class WithState(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, State]:
+            h = torch.relu(self.lin(x))
+            return h * 2, State(h.sum(-1))
+
+    torch.manual_seed(0)
+    model = WithState().eval()
+    x = torch.randn(2, 8)
+    torch._dynamo.reset()
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
+        compiled = streamfuse.compile(model, (x,), config)
+    assert isinstance(compiled, streamfuse.BackendFallback)
+    with torch.no_grad():
+        out, state = compiled(x)
+        ref, ref_state = model(x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert isinstance(state, State)
+    torch.testing.assert_close(state.h, ref_state.h, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
 
 
 def test_a_causal_lm_compiles_with_its_cache_among_the_outputs(config: Any) -> None:

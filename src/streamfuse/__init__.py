@@ -21,7 +21,7 @@ from streamfuse.fusion.resources import occupancy
 from streamfuse.profile.api import predict
 from streamfuse.profile.api import profile as _profile
 from streamfuse.runtime.compiled import CallSpec, CompiledGraph
-from streamfuse.runtime.fallback import EagerFallback, StreamfuseFallbackWarning
+from streamfuse.runtime.fallback import BackendFallback, EagerFallback, StreamfuseFallbackWarning
 from streamfuse.runtime.memory import PointerCheck
 from streamfuse.runtime.parallel import ParallelModels, parallel
 
@@ -33,14 +33,16 @@ def compile(
     model: torch.nn.Module | Callable[..., Any],
     example_inputs: Any,
     config: Config | None = None,
-) -> CompiledGraph | EagerFallback:
+) -> CompiledGraph | EagerFallback | BackendFallback:
     """Capture `model` on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
     takes tensors like `example_inputs` (positional, or by the model's parameter names) and returns
     what model returns. `example_inputs`: a tensor, a tuple of tensors (the first positional
     parameters), or a dict of tensors by parameter name (`{"input_ids": ids, "attention_mask": mask}`:
     the compiled model then takes them in that order or by those names). A call with other shapes
     or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be captured
-    or planned runs eagerly (an EagerFallback, with one warning naming the reason)."""
+    as one graph runs through `torch.compile(model, backend="streamfuse")` instead (a BackendFallback:
+    Dynamo splits it where it must), and one that fails there too, or in planning, runs eagerly (an
+    EagerFallback); each warns once, naming the reason."""
     if config is not None and not isinstance(config, Config):
         raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
     if not callable(model):
@@ -49,17 +51,21 @@ def compile(
 
     if isinstance(example_inputs, dict):
         model, example_inputs = keyword_model(model, example_inputs)
-    return _compile_for(model, normalize_inputs(example_inputs), config or Config())
+    return _compile_for(model, normalize_inputs(example_inputs), config or Config(), through_backend=True)
 
 
-def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph | EagerFallback:
+def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config,
+                 through_backend: bool = False) -> CompiledGraph | EagerFallback | BackendFallback:
+    """`through_backend`: a model whose capture fails goes through the torch.compile backend (the
+    entry point); a specialization of a compiled model (a new shape) runs eagerly instead."""
     from streamfuse.runtime.fallback import failure_text
 
     start = time.perf_counter()
     try:
         compiled = _build(model, inputs, config)
     except Exception as exc:  # noqa: BLE001 - a model eager runs never fails to "compile"
-        return EagerFallback(model, f"capture or planning failed: {failure_text(exc)}")
+        reason = f"capture or planning failed: {failure_text(exc)}"
+        return BackendFallback(model, reason, config) if through_backend else EagerFallback(model, reason)
     compiled.compile_s = time.perf_counter() - start
     return compiled
 
@@ -155,6 +161,6 @@ register()
 profile = _profile  # the function shadows the subpackage's attribute on purpose: streamfuse.profile()
 
 __all__ = [
-    "CompiledGraph", "Config", "EagerFallback", "ParallelModels", "StreamfuseFallbackWarning", "backend", "compile", "make_backend", "occupancy", "parallel",
+    "BackendFallback", "CompiledGraph", "Config", "EagerFallback", "ParallelModels", "StreamfuseFallbackWarning", "backend", "compile", "make_backend", "occupancy", "parallel",
     "predict", "profile",
 ]

@@ -110,7 +110,7 @@ def failures(results: list[WorkloadResult]) -> list[str]:
     lines = [f"{r.workload} / {m}: {res.error}" for r in results for m, res in r.modes.items() if res.error]
     lines += [f"{r.workload} / {m} (extra checks): {res.second_error}"
               for r in results for m, res in r.modes.items() if res.second_error]
-    return lines + [f"{r.workload} / {m} ran eagerly in part or whole: {res.fallback}"
+    return lines + [f"{r.workload} / {m} fell back (eagerly or through the backend, in part or whole): {res.fallback}"
                     for r in results for m, res in r.modes.items() if res.fallback]
 
 
