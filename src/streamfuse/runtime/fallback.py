@@ -16,6 +16,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 
 class StreamfuseFallbackWarning(UserWarning):
     """streamfuse runs (part of) a model eagerly; the message says why."""
@@ -61,8 +63,6 @@ class BackendFallback:
     bad and eager's error is raised."""
 
     def __init__(self, model: Callable[..., Any], reason: str, config: Any):
-        import torch
-
         from streamfuse.capture.backend import compiled_graphs, make_backend
 
         self.model = model
@@ -88,6 +88,8 @@ class BackendFallback:
             return self.model(*inputs, **named)
         try:
             return self.compiled(*inputs, **named)
+        except torch.OutOfMemoryError:
+            raise  # the backend's graphs already dropped what they held and tried again (runtime/memory.py)
         except Exception as exc:  # noqa: BLE001 - never fail where eager runs
             out = self.model(*inputs, **named)  # a bad input raises eager's own error here
             # Dynamo wraps a backend's error (BackendCompilerFailed): the reason is the one inside
