@@ -1,4 +1,5 @@
-"""What runs when streamfuse cannot: the model itself, eagerly, with one warning naming the reason.
+"""What runs when streamfuse cannot compile a model whole: the backend over Dynamo's pieces, or the
+model itself, eagerly; each with one warning naming the reason.
 
 `streamfuse.compile` never raises for a model that eager runs. A model it cannot capture as one
 graph (a data-dependent branch or shape, an output torch.export cannot flatten, such as Mamba's
@@ -20,7 +21,8 @@ import torch
 
 
 class StreamfuseFallbackWarning(UserWarning):
-    """streamfuse runs (part of) a model eagerly; the message says why."""
+    """streamfuse runs (part of) a model eagerly, or through the backend instead of whole; the message
+    says why."""
 
 
 def failure_text(exc: BaseException) -> str:
