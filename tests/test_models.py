@@ -160,17 +160,22 @@ class _DataDependentShape(nn.Module):
         return h[h > 1].sum() * torch.ones(3) + h.mean()  # a data-dependent shape: no one graph holds it
 
 
+def _through_backend(model: nn.Module, x: torch.Tensor, config: Any) -> Any:
+    """streamfuse.compile of a model it cannot capture whole: a BackendFallback, with its warning."""
+    torch._dynamo.reset()
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
+        compiled = streamfuse.compile(model, (x,), config)
+    assert isinstance(compiled, streamfuse.BackendFallback)
+    return compiled
+
+
 def test_a_model_that_cannot_be_captured_whole_runs_through_the_backend(config: Any) -> None:
     """A model torch.export cannot capture as one graph goes through torch.compile(backend=
     "streamfuse") instead, with one warning naming the reason: Dynamo splits it at the data-dependent
     shape and the backend compiles the pieces."""
     torch.manual_seed(0)
     model = _DataDependentShape().eval()
-    x = torch.randn(4, 16)
-    torch._dynamo.reset()
-    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
-        compiled = streamfuse.compile(model, (x,), config)
-    assert isinstance(compiled, streamfuse.BackendFallback)
+    compiled = _through_backend(model, torch.randn(4, 16), config)
     with torch.no_grad():
         for batch in (4, 3):
             y = torch.randn(batch, 16)
@@ -193,9 +198,7 @@ def test_where_the_backend_fails_too_the_model_runs_eagerly(config: Any, monkeyp
     monkeypatch.setattr(backend_module, "make_backend", broken)
     model = _DataDependentShape().eval()
     x = torch.randn(4, 16)
-    torch._dynamo.reset()
-    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
-        compiled = streamfuse.compile(model, (x,), config)
+    compiled = _through_backend(model, x, config)
     with torch.no_grad():
         with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="runs eagerly: .*failed too"):
             torch.testing.assert_close(compiled(x), model(x))
@@ -227,10 +230,7 @@ def test_an_output_torch_export_cannot_flatten_goes_through_the_backend(config: 
     torch.manual_seed(0)
     model = WithState().eval()
     x = torch.randn(2, 8)
-    torch._dynamo.reset()
-    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
-        compiled = streamfuse.compile(model, (x,), config)
-    assert isinstance(compiled, streamfuse.BackendFallback)
+    compiled = _through_backend(model, x, config)
     with torch.no_grad():
         out, state = compiled(x)
         ref, ref_state = model(x)

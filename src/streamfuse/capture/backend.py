@@ -37,7 +37,7 @@ from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.executable import graph_device
 from streamfuse.runtime.fallback import failure_text, warn_fallback
-from streamfuse.runtime.memory import PointerCheck, on_out_of_memory
+from streamfuse.runtime.memory import PointerCheck, on_out_of_memory, picker
 from streamfuse.runtime.replay import ReplayGraph
 
 
@@ -226,14 +226,6 @@ def _retraced(gm: torch.fx.GraphModule, config: Config) -> Any:
     return specialize
 
 
-def _picker(indices: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """The items of a sequence at `indices`, as a tuple (one C call: operator.itemgetter)."""
-    if not indices:
-        return lambda seq: ()
-    get = operator.itemgetter(*indices)
-    return get if len(indices) > 1 else (lambda seq: (get(seq),))
-
-
 class StaticParamsGraph:
     """An inference graph whose parameters and buffers (AOTAutograd's static inputs) are bound as
     constants at the first real call, so the plan's CUDA graphs copy in only the other inputs, as
@@ -274,8 +266,8 @@ class StaticParamsGraph:
         self.bound: list[torch.Tensor] = []
         self.pointers = PointerCheck([], [])
         """The bound tensors' data pointers when bound (a `.data` swap moves them)."""
-        self._static_of: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
-        self._dynamic_of: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
+        self._static_of: Callable[[Sequence[Any]], tuple[Any, ...]] = picker([])
+        self._dynamic_of: Callable[[Sequence[Any]], tuple[Any, ...]] = picker([])
         """The static and the other arguments of a call, as bound (_bind)."""
         self.dynamic: list[int] = []
         self.updated = _updated_placeholders(gm)
@@ -313,7 +305,6 @@ class StaticParamsGraph:
         """A bound tensor's memory was replaced: bind again to where they are now."""
         self.rebinds += 1
         self.compiled, self.bound, self.watched, self.versions, self.folded = None, [], [], [], 0
-        self.pointers = PointerCheck([], [])
         self._bind(args)
 
     def _go_live(self, args: list[Any]) -> None:
@@ -367,8 +358,8 @@ class StaticParamsGraph:
             self.reason = f"binding the static inputs failed: {failure_text(exc)}"
             return
         self.bound, self.dynamic = bound, dynamic
-        self.pointers = PointerCheck(list(args), self.static)
-        self._static_of, self._dynamic_of = _picker(self.static), _picker(dynamic)
+        self.pointers = PointerCheck(args, self.static)
+        self._static_of, self._dynamic_of = picker(self.static), picker(dynamic)
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:
         """Fold the batch-norms into snapshot weights, watched by version counter (class docstring);

@@ -26,7 +26,7 @@ import operator
 import warnings
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -38,6 +38,15 @@ _POINTERS_EQUAL: Callable[[list[Any], list[Any], list[int]], bool] | None = geta
     torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 """torch's C++ loop `tensors[i].data_ptr() == ptrs[i] for i in indices` (CUDA builds only; Inductor's
 CUDA graph trees check their static inputs with it on every call)."""
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def picker(indices: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """The items of a sequence at `indices`, as a tuple (one C call: operator.itemgetter)."""
+    if not indices:
+        return lambda seq: ()
+    get = operator.itemgetter(*indices)
+    return get if len(indices) > 1 else (lambda seq: (get(seq),))
 
 
 class PointerCheck:
@@ -46,25 +55,21 @@ class PointerCheck:
     counter, and a recorded CUDA graph or a bound plan would read the old memory). One C++ loop where
     torch has it (CUDA builds), else one C-level map over `Tensor.data_ptr`."""
 
-    def __init__(self, tensors: list[Any], at: list[int]):
+    def __init__(self, tensors: Sequence[Any], at: list[int]):
         self.at = list(at)
         self.expected: list[int | None] = [None] * len(tensors)
+        """The pointers at their positions in `tensors` (the C++ loop's layout), None elsewhere."""
         for i in self.at:
             self.expected[i] = tensors[i].data_ptr()
-        self.values = [tensors[i].data_ptr() for i in self.at]
-        self._pick: Callable[[list[Any]], list[Any]] = (
-            (lambda seq: [seq[i] for i in self.at]) if len(self.at) < 2 else
-            (lambda seq, get=operator.itemgetter(*self.at): list(get(seq))))  # type: ignore[misc]
+        self._pick = picker(self.at)
+        self._values = self._pick(self.expected)
 
-    def same(self, tensors: list[Any]) -> bool:
+    def same(self, tensors: Sequence[Any]) -> bool:
         if not self.at:
             return True
         if _POINTERS_EQUAL is not None and type(tensors) is list:
             return _POINTERS_EQUAL(tensors, self.expected, self.at)
-        return list(map(_DATA_PTR, self._pick(tensors))) == self.values
-
-
-_DATA_PTR = torch.Tensor.data_ptr
+        return tuple(map(_DATA_PTR, self._pick(tensors))) == self._values
 
 
 class GraphOwner(Protocol):
