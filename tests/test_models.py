@@ -157,7 +157,7 @@ class _DataDependentShape(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.lin(x)) * 2 + 1
-        return h[h > 1].sum() * torch.ones(3) + h.mean()  # a data-dependent shape: no one graph holds it
+        return h[h > 1].sum() * torch.ones(3, device=x.device) + h.mean()  # a data-dependent shape: no one graph holds it
 
 
 def _through_backend(model: nn.Module, x: torch.Tensor, config: Any) -> Any:
@@ -169,23 +169,24 @@ def _through_backend(model: nn.Module, x: torch.Tensor, config: Any) -> Any:
     return compiled
 
 
-def test_a_model_that_cannot_be_captured_whole_runs_through_the_backend(config: Any) -> None:
+def test_a_model_that_cannot_be_captured_whole_runs_through_the_backend(config: Any, device: torch.device) -> None:
     """A model torch.export cannot capture as one graph goes through torch.compile(backend=
     "streamfuse") instead, with one warning naming the reason: Dynamo splits it at the data-dependent
     shape and the backend compiles the pieces."""
     torch.manual_seed(0)
-    model = _DataDependentShape().eval()
-    compiled = _through_backend(model, torch.randn(4, 16), config)
+    model = _DataDependentShape().eval().to(device)
+    compiled = _through_backend(model, torch.randn(4, 16, device=device), config)
     with torch.no_grad():
         for batch in (4, 3):
-            y = torch.randn(batch, 16)
+            y = torch.randn(batch, 16, device=device)
             torch.testing.assert_close(compiled(y), model(y), rtol=1e-5, atol=1e-5)
     assert compiled.eager_reason is None and compiled.stats["graphs"] >= 1 and compiled.stats["kernels"]
     assert "capture or planning failed" in compiled.explain() and "graph(s) compiled" in compiled.explain()
     torch._dynamo.reset()
 
 
-def test_where_the_backend_fails_too_the_model_runs_eagerly(config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_where_the_backend_fails_too_the_model_runs_eagerly(config: Any, monkeypatch: pytest.MonkeyPatch,
+                                                            device: torch.device) -> None:
     """The backend failing as well sends the model to eager for good, with a second warning; a bad
     input still raises eager's own error."""
     import streamfuse.capture.backend as backend_module
@@ -196,8 +197,8 @@ def test_where_the_backend_fails_too_the_model_runs_eagerly(config: Any, monkeyp
         return backend
 
     monkeypatch.setattr(backend_module, "make_backend", broken)
-    model = _DataDependentShape().eval()
-    x = torch.randn(4, 16)
+    model = _DataDependentShape().eval().to(device)
+    x = torch.randn(4, 16, device=device)
     compiled = _through_backend(model, x, config)
     with torch.no_grad():
         with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="runs eagerly: .*failed too"):
@@ -205,12 +206,12 @@ def test_where_the_backend_fails_too_the_model_runs_eagerly(config: Any, monkeyp
         assert compiled.eager_reason is not None and "planning exploded" in compiled.eager_reason
         torch.testing.assert_close(compiled(x), model(x))
         with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-            compiled(torch.randn(4, 9))
+            compiled(torch.randn(4, 9, device=device))
     assert compiled.stats["kernels"] is None and "runs eagerly" in compiled.explain()
     torch._dynamo.reset()
 
 
-def test_an_output_torch_export_cannot_flatten_goes_through_the_backend(config: Any) -> None:
+def test_an_output_torch_export_cannot_flatten_goes_through_the_backend(config: Any, device: torch.device) -> None:
     """A model returning an object pytree cannot flatten (Mamba's cache in transformers 5) is not
     captured whole; through the backend it compiles, and the object comes back as eager's."""
 
@@ -228,8 +229,8 @@ def test_an_output_torch_export_cannot_flatten_goes_through_the_backend(config: 
             return h * 2, State(h.sum(-1))
 
     torch.manual_seed(0)
-    model = WithState().eval()
-    x = torch.randn(2, 8)
+    model = WithState().eval().to(device)
+    x = torch.randn(2, 8, device=device)
     compiled = _through_backend(model, x, config)
     with torch.no_grad():
         out, state = compiled(x)
@@ -237,6 +238,25 @@ def test_an_output_torch_export_cannot_flatten_goes_through_the_backend(config: 
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert isinstance(state, State)
     torch.testing.assert_close(state.h, ref_state.h, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_mamba_goes_through_the_backend_and_matches_eager(config: Any, device: torch.device) -> None:
+    """Hugging Face Mamba returns its cache as an object torch.export cannot flatten: streamfuse.compile
+    sends it through the backend (one warning), whose graphs match eager's logits at two shapes."""
+    torch.manual_seed(0)
+    cfg = transformers.MambaConfig(hidden_size=32, num_hidden_layers=2, vocab_size=VOCAB, state_size=8)
+    model = transformers.MambaForCausalLM(cfg).eval().to(device)
+    ids = _ids(2, 12, seed=1).to(device)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="could not be captured as one graph"):
+            compiled = streamfuse.compile(model, {"input_ids": ids}, config)
+        assert isinstance(compiled, streamfuse.BackendFallback)
+        for batch, tokens in ((2, 12), (3, 7)):
+            x = _ids(batch, tokens, seed=batch).to(device)
+            _close(compiled(input_ids=x).logits, model(input_ids=x).logits)
+    assert compiled.eager_reason is None and compiled.stats["kernels"]
     torch._dynamo.reset()
 
 
