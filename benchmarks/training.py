@@ -399,7 +399,7 @@ def main() -> int:
                 print("\n".join(f"{'':<24}   {line}" for line in text.splitlines()[:12]))
             for g in r.get("graph_memory", []):
                 print(f"{'':<24}   {g['role']} graph keeps {g['handed_out']:.0f} MiB handed out, {g['copied_out']:.0f} "
-                      f"MiB copied out, {g['input_buffers']:.0f} MiB of input buffers ({g['inputs_read_in_place']} "
+                      f"MiB copied out; {g['input_buffers']:.0f} MiB of copied inputs land in its pool ({g['inputs_read_in_place']} "
                       f"inputs read in place, {g['inputs_copied']} copied; {g['recordings']} recording(s))")
             rows.append({"workload": w.name, **r})
     if args.json is not None:

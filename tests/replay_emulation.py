@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 import streamfuse.capture.backend as backend_module
 from streamfuse.runtime import replay
@@ -20,11 +21,23 @@ from streamfuse.runtime.replay import PinnedGraph, ReplayGraph
 
 
 class EmulatedGraph(PinnedGraph):
-    def _record(self, staged: list[Any]) -> list[Any]:
-        return self.exe.run(staged)
+    def _record(self, args: list[Any]) -> list[Any]:
+        # the copied inputs land in buffers of the graph's own (here owned), handed to the recording
+        # run as the capture hands them (Executable.run's `donate`)
+        self.buffers = [torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
+                                            device=args[i].device) for i in self.copied_at]
+        if self.buffers:
+            torch._foreach_copy_(self.buffers, [args[i] for i in self.copied_at])
+        return self.exe.run(self._staged(args), donate=frozenset(self.copied_at))
+
+    def _staged(self, args: list[Any]) -> list[Any]:
+        staged = list(args)
+        for i, buf in zip(self.copied_at, self.buffers, strict=True):
+            staged[i] = buf
+        return staged
 
     def _launch(self, args: list[Any]) -> None:
-        fresh = self.exe.run(self.staged(args))[: self.exe.graph.user_outputs]  # writebacks done by run
+        fresh = self.exe.run(self._staged(args))[: self.exe.graph.user_outputs]  # writebacks done by run
         for out, value in zip(self.outputs, fresh, strict=True):
             if out.kind in ("pool", "copy"):
                 _dense_part(out.value).copy_(_dense_part(value))

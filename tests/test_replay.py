@@ -166,6 +166,14 @@ def test_the_incoming_gradient_is_copied_even_when_large(config: streamfuse.Conf
     tangents = [i for i, name in enumerate(names) if name.startswith("tangents_")]
     assert tangents and not set(tangents) & set(backward.graph.pinned_at), (names, backward.graph.pinned_at)
     assert backward.replay_stats.moved == 0 and backward.replay_stats.replays >= 3, backward.explain(source=False)
+    if device.type == "cuda":
+        # the copy lands in the backward graph's own pool, in memory its capture freed after the last
+        # reader (not a static buffer of the default pool kept for good: GPT-2's 197 MiB)
+        landing = {b.untyped_storage().data_ptr() for b in backward.graph.buffers}
+        pools = {seg["address"]: seg for seg in torch.cuda.memory_snapshot()}
+        for ptr in landing:
+            seg = next(s for a, s in pools.items() if a <= ptr < a + s["total_size"])
+            assert tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0), seg
 
 
 def test_small_parameters_are_read_in_place_and_a_small_batch_is_copied(config: streamfuse.Config,

@@ -382,6 +382,30 @@ def test_release_follows_the_issue_order(config) -> None:  # type: ignore[no-unt
     assert {i for i, slots in enumerate(exe.release_lists()) if relu_slot in slots} == {second}
 
 
+def test_a_donated_input_is_released_after_its_last_reader(config) -> None:  # type: ignore[no-untyped-def]
+    """Executable.run's `donate`: the input's slot joins the release list of its last reader, the
+    caller's list loses its reference, and the results stay eager's; an input that is also an
+    output is never released (a training graph's copied inputs land in its pool: runtime/replay.py)."""
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = torch.relu(x) * 2
+        return torch.sin(a) + y.sum(), y
+
+    x, y = randn(4, 8), randn(3, 5)
+    compiled = streamfuse.compile(f, (x, y), config.replace(fuse=False))
+    exe = compiled.base
+    x_slot, y_slot = exe.input_slots
+    readers = {i for i, st in enumerate(exe.steps) for n in st.group.nodes for a in n.input_nodes() if exe.slot[a] == x_slot}
+    assert not any(x_slot in slots for slots in exe.release_lists())
+    assert {i for i, slots in enumerate(exe.release_lists(donate=[0, 1])) if x_slot in slots} == {max(readers)}
+    assert not any(y_slot in slots for slots in exe.release_lists(donate=[0, 1]))  # y is an output too
+    inputs = [x.clone(), y.clone()]
+    out = exe.run(inputs, donate=frozenset({0, 1}))
+    assert inputs == [None, None]
+    ref = f(x, y)
+    torch.testing.assert_close(out[0], ref[0])
+    torch.testing.assert_close(out[1], y)
+
+
 def test_host_scalars_beside_device_tensors() -> None:
     """A 0-dim CPU tensor beside device tensors (SDPA's host Philox seed, a generation step's host
     integer) does not make the plan a CPU plan, and a call moves it to the plan's device by value

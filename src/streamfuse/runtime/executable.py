@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import networkx as nx
@@ -359,6 +359,7 @@ class Executable:
         """The device copies device_scalars made last, by input position, with their values."""
         self.constants = [(self.slot[n], t) for n, t in graph.constants.items()]
         self.release = self.release_lists()
+        self._donating: dict[tuple[frozenset[int], bool], list[list[int]]] = {}
         self.out_slots = [self.slot[o] if isinstance(o, Node) else None for o in graph.outputs]
         missing = [dst.name for _, dst in graph.writebacks if dst not in self.slot]
         if missing:
@@ -392,17 +393,23 @@ class Executable:
         for step in self.converted_weights:
             step.refresh()
 
-    def run(self, inputs: Sequence[Any], keep_alive: list[Any] | None = None, one_stream: bool = False) -> list[Any]:
+    def run(self, inputs: Sequence[Any], keep_alive: list[Any] | None = None, one_stream: bool = False,
+            donate: frozenset[int] = frozenset()) -> list[Any]:
         """Run once on already-checked inputs; returns the flat outputs. With `keep_alive` (a list),
         no buffer is released during the run and every buffer is appended to it (CUDA-graph capture:
         memory is then never reused within the graph, whatever stream reads it). `one_stream`
         issues every step on the current stream in plan order (benchmarks: the same kernels
-        without the stream plan). Runs without autograd: the generated kernels record no graph, so
+        without the stream plan). `donate`: positions of inputs the run may release after their
+        last reader, as it releases its own buffers; `inputs` must then be a list, and those
+        positions are set to None in it (the caller hands its reference over: a training graph's
+        copied inputs, whose landing buffers later kernels of its capture reuse). An input that is
+        also an output is kept. Runs without autograd: the generated kernels record no graph, so
         results that carried one only through the ATen steps would give partial gradients."""
         with torch.no_grad():
-            return self._run(inputs, keep_alive, one_stream)
+            return self._run(inputs, keep_alive, one_stream, donate)
 
-    def _run(self, inputs: Sequence[Any], keep_alive: list[Any] | None, one_stream: bool) -> list[Any]:
+    def _run(self, inputs: Sequence[Any], keep_alive: list[Any] | None, one_stream: bool,
+             donate: frozenset[int] = frozenset()) -> list[Any]:
         if self.converted_weights:
             self.refresh_weights()
         if self.rng is not None:
@@ -412,10 +419,17 @@ class Executable:
             env[s] = t
         for s, t in self.constants:
             env[s] = t
-        if self.stream_runner is not None and not one_stream:
-            self.stream_runner.run(env, keep_alive is None)
+        if donate:
+            assert isinstance(inputs, list) and keep_alive is None, "donated inputs need a list and releases"
+            for i in donate:
+                inputs[i] = None
+        multi = self.stream_runner is not None and not one_stream
+        releases = self.donating(donate, multi) if donate else None
+        if multi:
+            assert self.stream_runner is not None
+            self.stream_runner.run(env, keep_alive is None, releases)
         else:
-            for step, release in zip(self.steps, self.release, strict=True):
+            for step, release in zip(self.steps, releases or self.release, strict=True):
                 step.run(env)
                 if keep_alive is None:
                     for s in release:
@@ -478,10 +492,18 @@ class Executable:
                 out[i] = t.contiguous()
         return out
 
-    def release_lists(self, order: Sequence[int] | None = None) -> list[list[int]]:
+    def donating(self, donate: frozenset[int], multi: bool) -> list[list[int]]:
+        """The release lists of a run that may release the inputs at positions `donate` (cached)."""
+        key = (donate, multi)
+        if key not in self._donating:
+            order = self.stream_runner.schedule.order if multi and self.stream_runner is not None else None
+            self._donating[key] = self.release_lists(order, donate)
+        return self._donating[key]
+
+    def release_lists(self, order: Sequence[int] | None = None, donate: Collection[int] = ()) -> list[list[int]]:
         """After step i, the slots whose last reader is step i when the steps run in `order` (plan
         order by default; the stream runner issues them in its schedule's order); never graph
-        outputs, inputs or constants."""
+        outputs, constants or inputs (but those at positions `donate`)."""
         last: dict[int, int] = {}
         for i in order if order is not None else range(len(self.steps)):
             step = self.steps[i]
@@ -490,7 +512,8 @@ class Executable:
                 for a in node.input_nodes():
                     last[self.slot[a]] = i
         keep = {self.slot[o] for o in self.graph.output_nodes}
-        keep |= set(self.input_slots) | {s for s, _ in self.constants}
+        donated = {self.input_slots[i] for i in donate}
+        keep |= {s for s in self.input_slots if s not in donated} | {s for s, _ in self.constants}
         release: list[list[int]] = [[] for _ in self.steps]
         for s, i in last.items():
             if s not in keep:

@@ -118,12 +118,11 @@ class PinnedGraph:
         self.copied_at = [i for i, p in enumerate(pinned) if not p]
         self.where = [(args[i].data_ptr(), args[i].stride()) for i in self.pinned_at]
         self.shapes = [args[i].shape for i in self.copied_at]
-        self.buffers = [torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype, device=exe.device)
-                        for i in self.copied_at]
-        if self.buffers:
-            torch._foreach_copy_(self.buffers, [args[i] for i in self.copied_at])
+        self.buffers: list[torch.Tensor] = []
+        """Where each copied input lands before a replay: memory of the graph's pool, not owned here
+        (_landing_buffers)."""
         with exe.writebacks_undone(args):  # recording runs the plan: no update may be applied twice
-            outputs = self._record(self.staged(args))
+            outputs = self._record(list(args))
         # the outputs written back into inputs (Graph.writebacks) were copied inside the graph (into
         # inputs read in place: ReplayGraph checks), and the caller does not see them
         outputs = outputs[: exe.graph.user_outputs]
@@ -136,33 +135,50 @@ class PinnedGraph:
 
     def memory(self) -> dict[str, int]:
         """Bytes this graph keeps between calls, outside its pool's free blocks: the buffers it hands
-        out (saved activations or gradients; distinct storages), those it copies out of on every
-        replay, and the static buffers of its copied inputs."""
+        out (saved activations or gradients; distinct storages) and those it copies out of on every
+        replay; and the bytes its copied inputs land in, inside the pool (free between replays)."""
         return {"handed_out": storage_bytes([o.value for o in self.outputs if o.kind == "pool"]),
                 "copied_out": storage_bytes([o.value for o in self.outputs if o.kind == "copy"]),
-                "input_buffers": storage_bytes(self.buffers), "inputs_read_in_place": len(self.pinned_at),
-                "inputs_copied": len(self.copied_at)}
+                "input_buffers": sum(b.numel() * b.element_size() for b in self.buffers),
+                "inputs_read_in_place": len(self.pinned_at), "inputs_copied": len(self.copied_at)}
 
-    def staged(self, args: list[Any]) -> list[Any]:
-        """The plan's inputs: the caller's tensors read in place, the buffers for the copied ones."""
-        staged = list(args)
-        for i, buf in zip(self.copied_at, self.buffers, strict=True):
-            staged[i] = buf
-        return staged
-
-    def _record(self, staged: list[Any]) -> list[Any]:
-        """Capture the plan over `staged` into self.graph (its own pool); the captured outputs."""
+    def _record(self, args: list[Any]) -> list[Any]:
+        """Capture the plan into self.graph (its own pool); the captured outputs. The warm-up reads
+        the caller's tensors; the capture reads the copied inputs from _landing_buffers."""
         exe = self.exe
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
         with torch.cuda.stream(warm):  # loads every kernel outside capture
-            exe.run(staged)
+            exe.run(args)
         caller.wait_stream(warm)
         self.graph = torch.cuda.CUDAGraph()
         # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
         with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
-            return exe.run(staged)
+            staged, landing = self._landing_buffers(args)
+            outputs = exe.run(staged, donate=frozenset(self.copied_at))
+        for t, (ptr, nbytes, offset) in landing:
+            storage = torch._C._construct_storage_from_data_pointer(ptr, t.device, nbytes)  # type: ignore[attr-defined]
+            self.buffers.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, offset, t.shape, t.stride()))
+        return outputs
+
+    def _landing_buffers(self, args: list[Any]) -> tuple[list[Any], list[tuple[torch.Tensor, tuple[int, int, int]]]]:
+        """The capture's inputs: the caller's tensors read in place, and for each copied input a buffer
+        allocated in the graph's pool and handed to the run (Executable.run's `donate`), which
+        releases it after its last reader, so that the capture's later buffers (a backward's
+        gradients) reuse its memory. self.buffers keeps views of that memory that own nothing: each
+        replay copies the inputs in before the graph runs, when no buffer of the previous replay is
+        referenced any more (the guard), and the graph's own order puts every reuse after the last
+        read. Before this, a static buffer per copied input lived outside the pool for good: GPT-2's
+        incoming logits gradient, 197 MiB, beside the one autograd hands in (PERF.md, session 30)."""
+        staged = list(args)
+        landing = []
+        for i in self.copied_at:
+            t = args[i]
+            staged[i] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=self.exe.device)
+            landing.append((t, (staged[i].untyped_storage().data_ptr(), staged[i].untyped_storage().nbytes(),
+                                staged[i].storage_offset())))
+        return staged, landing
 
     def _launch(self, args: list[Any]) -> None:
         """Run the recorded graph (inputs read in place are where `args` has them: matches() said so)."""

@@ -45,15 +45,16 @@ class StreamRunner:
         """After step i, the slots nothing issued later reads (issue order, not plan order: a slot
         freed after its last reader in plan order could still be read by a step issued later)."""
 
-    def run(self, env: list[Any], release: bool) -> None:
+    def run(self, env: list[Any], release: bool, releases: list[list[int]] | None = None) -> None:
+        """`releases`: other release lists (Executable.donating) in place of this runner's."""
         with torch.cuda.device(self.device):
             caller = torch.cuda.current_stream(self.device)
             try:
-                self._issue(env, release, caller)
+                self._issue(env, release, caller, releases or self.release)
             finally:
                 torch.cuda.set_stream(caller)
 
-    def _issue(self, env: list[Any], release: bool, caller: torch.cuda.Stream) -> None:
+    def _issue(self, env: list[Any], release: bool, caller: torch.cuda.Stream, releases: list[list[int]]) -> None:
         """The steps in schedule order. The current stream is switched only where the next step's
         stream differs (not a stream context per step: ~10 µs of host time each, most of a
         500-kernel call's Python when no graph replays); `run` restores the caller's."""
@@ -78,7 +79,7 @@ class StreamRunner:
                 for slot in self.cross_reads[i]:
                     if env[slot] is not None and env[slot].is_cuda:  # a CPU scalar needs no stream record
                         env[slot].record_stream(stream)
-                for slot in self.release[i]:
+                for slot in releases[i]:
                     env[slot] = None
         for s in sched.join:
             self.join_events[s].record(streams[s])
