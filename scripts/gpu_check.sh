@@ -27,7 +27,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt models-bf16e.txt models-bf16f.txt models-tp5.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -342,6 +342,14 @@ step s30-replay 200 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short
 step s30-mem 120 python3 benchmarks/training_memory.py --models gpt2 --top 12
 step s30-gpt2 200 python3 benchmarks/training.py --models gpt2,bert-base --modes eager,compile,streamfuse --steps 10 \
   --history --json "$OUT/s30-gpt2.json"
+# session 30, for the next session: where squeezenet, shufflenet and swin lose at batch 32 (0.95-0.97x of
+# reduce-overhead), kernel by kernel beside reduce-overhead's; densenet121 b32's cold compile by stage (30.4 s)
+step kprof-s30 230 python3 benchmarks/kernel_bandwidth.py --models squeezenet,shufflenet,swin --batch throughput \
+  --top 25 --peer --tf32
+# session 30: llama and bert-base in bfloat16 at batch 1 again with the float32 judgment (runner.judge: run 114's
+# llama row failed 2e-2 from eager in every compiled mode, reduce-overhead's too)
+step models-bf16f 260 streamfuse bench --suite models --models llama,bert-base --batch 1 --dtype bfloat16 \
+  --modes $MODES_RO --reps 20 --out "$OUT/models-bf16f"
 step gputests3 500 python3 -m pytest -v -n 12 -m gpu -W ignore -p no:logging --tb=short tests
 # the backend's call path beside streamfuse.compile's and beside the floor any torch.compile backend pays
 # per call (Dynamo's guards and parameter gathering; session 20)
@@ -436,7 +444,8 @@ for f in walk-check text1 nosplit-off nosplit-on recompute-64 recompute-32 branc
 [ -f "$OUT/compile-bf16.txt" ] && grep -E "s =|first compile|Error" "$OUT/compile-bf16.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 for f in s30-tests dense32-compile s30-replay; do [ -f "$OUT/$f.txt" ] && tail -12 "$OUT/$f.txt"; done
-for f in models-bf16d models-bf16e models-tp4 models-tp5 models-dense; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
+for f in models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-dense; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
+[ -f "$OUT/kprof-s30.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-s30.txt" | tail -60
 [ -f "$OUT/s30-mem.txt" ] && grep -E "^== |peak|between|after the last" "$OUT/s30-mem.txt"
 [ -f "$OUT/s30-gpt2.txt" ] && grep -v "^$" "$OUT/s30-gpt2.txt" | grep -v -i warn | tail -40
 [ -f "$OUT/rows-prof.txt" ] && grep -vE "^\s+[0-9.]+  x" "$OUT/rows-prof.txt" | tail -12

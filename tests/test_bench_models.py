@@ -206,3 +206,43 @@ def test_timed_calls_run_without_autograd(config, monkeypatch: pytest.MonkeyPatc
     assert row.modes["eager"].error is None and row.modes["eager"].us is not None
     calls = [mode for p in probes for mode in p.grad_modes]
     assert len(probes) >= 2 and len(calls) >= 5 and not any(calls)
+
+
+class _RoundedChain(nn.Module):
+    """Eight pointwise steps: in bfloat16 eager rounds after each, a fused kernel would round once."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(8):
+            x = torch.tanh(x * 0.71 + 0.11) * 1.3 - x * 0.17
+        return x
+
+
+def test_a_low_precision_result_is_judged_against_float32_where_it_differs_from_eager() -> None:
+    """Over the tolerance from eager's bfloat16 result, a result no farther than eager from the same
+    model in float32 passes (eager's own rounding is the difference), one farther fails, naming both
+    errors; a float32 workload over the tolerance fails as before."""
+    from streamfuse.bench.runner import judge
+
+    model = _RoundedChain()
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    ref = model(x)
+    nearest = model(x.float()).bfloat16()  # the float32 chain rounded once
+    assert rel_error(nearest, ref, 0.0) > 1e-3  # eager's rounding shows
+    work = Workload("chain bf16", lambda d: (model, (x,)), torch.bfloat16, tolerance=1e-4, rel_floor=0.0)
+    good, bad = ModeResult("streamfuse"), ModeResult("streamfuse")
+    assert judge(good, work, rel_error(nearest, ref, 0.0), nearest, ref, model, (x,)) is None
+    assert good.f32_rel_err is not None and good.eager_f32_rel_err is not None
+    assert good.f32_rel_err < good.eager_f32_rel_err
+    wrong = ref + 0.25 * ref.abs().max()
+    failed = judge(bad, work, rel_error(wrong, ref, 0.0), wrong, ref, model, (x,))
+    assert failed is not None and "from float32" in failed
+    assert bad.f32_rel_err is not None and bad.eager_f32_rel_err is not None and bad.f32_rel_err > bad.eager_f32_rel_err
+    fp32 = Workload("chain fp32", lambda d: (model, (x.float(),)), torch.float32, tolerance=1e-9, rel_floor=0.0)
+    plain = ModeResult("streamfuse")
+    text = judge(plain, fp32, 1e-6, ref.float(), ref.float(), model, (x.float(),))
+    assert text is not None and "from float32" not in text and plain.f32_rel_err is None
+    ok_row = WorkloadResult("chain bf16", {"streamfuse": good}, tolerance=1e-4)
+    good.max_rel_err = rel_error(nearest, ref, 0.0)
+    console = Console(record=True, width=240)
+    console.print(streamfuse_table([ok_row], "t"))
+    assert "from float32" in console.export_text()

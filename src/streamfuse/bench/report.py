@@ -94,6 +94,9 @@ def streamfuse_table(results: list[WorkloadResult], title: str) -> Table:
             problems = "; ".join(filter(None, [res.error, res.second_error,
                                                  res.fallback and f"fell back: {res.fallback}"]))
             status = "[green]ok[/]" if ok else f"[red]{escape(problems[:90])}[/]"
+            if ok and res.f32_rel_err is not None and res.eager_f32_rel_err is not None:
+                status = (f"[green]ok[/]: from float32 {res.f32_rel_err:.1e}, eager "  # judged on float32 (runner.judge)
+                          f"{res.eager_f32_rel_err:.1e}")
             table.add_row(r.workload, mode, err, "-" if tol is None else f"{tol:.0e}", second, kernels,
                           _seconds(res.compile_s, res.dynamo_s), _seconds(res.compile_warm_s, res.dynamo_warm_s), status)
     return table
