@@ -23,7 +23,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", required=True, type=Path)
     ap.add_argument("--models", default="googlenet,convnext,vit,bert-base,gpt2")
-    ap.add_argument("--batch", default="1")
+    ap.add_argument("--batch", default="1", choices=["1", "throughput", "all"])
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=None, help="Config.compile_threads (default: Config's)")
     ap.add_argument("--peer", action="store_true", help="also time torch.compile reduce-overhead's first compile")

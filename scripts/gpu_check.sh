@@ -173,7 +173,7 @@ step models-tp5 500 streamfuse bench --suite models --models resnet50,googlenet,
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-tp5"
 step models-dense 560 streamfuse bench --suite models --models densenet,inception --batch all \
   --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/models-dense"
-step dense32-compile 120 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models densenet121 --batch 32'
+step dense32-compile 120 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models densenet121 --batch throughput'
 # session 30: copied inputs of training graphs land in the graph's pool (GPT-2's 197 MiB tangent buffer)
 step s30-replay 200 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_replay.py tests/test_training.py \
   tests/test_runtime.py -k "not fuzz"
