@@ -16,6 +16,8 @@
 #   (default: all, ~20 min: more than one call may run, so split it, e.g. `tests` alone (runs 56 and 58
 #   did not finish it in 200 s; a call gets ~8 minutes after the machine starts), then `streams share`, then
 #   `epilogue bench tma`)
+# At its end the script packs all of $OUT into $OUT/all.tgz and removes the step folders (bench.json files
+# among them): a caller must not pack $OUT again (run 113's JSON was lost to a second tar).
 # The latest result of each benchmark lives at one path in docs/bench (docs/bench/README.md). Back here,
 #   bash scripts/gpu_check.sh record DIR     (DIR: the folder holding the returned all.tgz)
 # copies each step's log over docs/bench/<step>.txt, and bench/bench.{json,png} and epilogue/epilogue.json
