@@ -412,7 +412,7 @@ def test_host_scalars_beside_device_tensors() -> None:
     (the meta device stands in for a GPU here), reusing the copy while the value repeats; other
     inputs are left as they are."""
     from streamfuse.ir.graph import Graph
-    from streamfuse.runtime.executable import graph_device, scalars_to_device
+    from streamfuse.runtime.inputs import graph_device, scalars_to_device
 
     seed, x = torch.tensor(7), torch.empty(3, device="meta")
     assert graph_device(Graph([], [], []), [seed, x]) == torch.device("meta")

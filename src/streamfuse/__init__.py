@@ -78,7 +78,8 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     from streamfuse.ir.graph import Graph
     from streamfuse.ir.merge import merge_sibling_convolutions
     from streamfuse.runtime.compiled import build
-    from streamfuse.runtime.executable import build_executable, graph_device
+    from streamfuse.runtime.executable import build_executable
+    from streamfuse.runtime.inputs import graph_device
 
     snapshots = SnapshotCache()
 

@@ -63,7 +63,7 @@ NOTES = {
                        "the backend's graphs); kernels_per_call is measured by torch.profiler on CUDA",
     "second_batch": "the streamfuse modes called at this other batch size with the same compiled object; "
                     "second_rel_err against eager at that batch",
-    "f32_rel_err": "a bfloat16/float16 streamfuse result over the tolerance from eager's: its error and eager's "
+    "f32_rel_err": "a bfloat16/float16 result of a checked mode over the tolerance from eager's: its error and eager's "
                    "(eager_f32_rel_err) against the same model and inputs in float32 (TF32 off), the result "
                    "nearer the true value; the check passes where streamfuse is no farther from it than eager",
 }
@@ -298,7 +298,6 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
     from streamfuse.capture.backend import compiled_graphs
 
     mode = result.mode
-    tol = tolerance(workload)
     # a peer (eager, torch.compile) that would be built twice, checked with TF32 off and timed as built
     # under the defaults, is built once, under the defaults, and not checked: the checks are
     # streamfuse's, and a second Inductor build cost 5-20 s per model on the suite
@@ -324,10 +323,8 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
                 if mode == "sf-backend":
                     result.dynamo_s = dynamo_seconds() - dynamo0
                 result.max_rel_err = None if peer_once else rel_error(out, ref, workload.rel_floor)
-                if result.max_rel_err is not None and mode in SF_MODES:
+                if result.max_rel_err is not None:
                     result.error = judge(result, workload, result.max_rel_err, out, ref, model, inputs)
-                elif result.max_rel_err is not None and result.max_rel_err > tol:
-                    result.error = f"wrong result: max relative error {result.max_rel_err:.2e} > {tol:.0e}"
                 del out
             if mode == "streamfuse" and compiled is not None:
                 result.planned_kernels = int(compiled.stats.get("kernels") or 0)  # type: ignore[attr-defined]

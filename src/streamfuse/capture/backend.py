@@ -35,7 +35,7 @@ from streamfuse.config import Config
 from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
 from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
-from streamfuse.runtime.executable import graph_device
+from streamfuse.runtime.inputs import graph_device
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.memory import PointerCheck, on_out_of_memory, picker
 from streamfuse.runtime.replay import ReplayGraph

@@ -25,7 +25,8 @@ import torch.utils._pytree as pytree
 from streamfuse.config import Config
 from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.runtime.executable import BadInput, Executable, InputMismatch, build_executable, raise_bad_input
+from streamfuse.runtime.executable import Executable, build_executable
+from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_input
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved

@@ -28,6 +28,7 @@ from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
+from streamfuse.runtime.inputs import BadInput, move_cpu_scalars, raise_bad_input, scalars_to_device
 from streamfuse.runtime.precompile import precompile
 from streamfuse.runtime.steps import ChannelsLastConvStep, HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
@@ -51,50 +52,6 @@ def resolve_executor(config: Config, device: torch.device) -> str:
     if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return "triton"
     return "reference"
-
-
-def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
-    """The device of the graph's tensors: the first accelerator among inputs and constants (0-dim
-    CPU tensors, such as SDPA's host Philox seed or a traced literal, come beside device tensors),
-    else the CPU."""
-    tensors = [t for t in list(example_inputs) + list(graph.constants.values()) if isinstance(t, torch.Tensor)]
-    return next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
-
-
-def scalars_to_device(inputs: list[Any] | tuple[Any, ...], at: Sequence[int], device: torch.device,
-                      cache: dict[int, tuple[Any, torch.Tensor]]) -> list[Any]:
-    """`inputs` with each 0-dim CPU tensor at the positions `at` (the plan's 0-dim inputs) on `device`;
-    the same sequence when there is none. Such tensors arrive where a trace recorded a device tensor:
-    SDPA's memory-efficient and flash kernels return their Philox seed and offset on the host outside
-    CUDA-graph capture (on the device inside it, and a fake-tensor trace says the device), and their
-    backward takes either; transformers' generation passes 0-dim host integers (run 64). A generated
-    kernel cannot read host memory, and a CUDA graph cannot copy from it safely. The device copy is
-    filled from the host value (a fill kernel: a copy from pageable memory would synchronize the
-    stream), and kept in `cache` by position: a call passing the same value reuses it, with no launch
-    (the plan only reads these inputs)."""
-    moved: list[Any] | None = None
-    for i in at:
-        t = inputs[i]
-        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0:
-            value = t.item()
-            kept = cache.get(i)
-            if kept is None or kept[0] != value or kept[1].dtype != t.dtype:
-                kept = cache[i] = (value, torch.full((), value, dtype=t.dtype, device=device))
-            moved = list(inputs) if moved is None else moved
-            moved[i] = kept[1]
-    return list(inputs) if moved is None else moved
-
-
-def move_cpu_scalars(graph: Graph, device: torch.device) -> None:
-    """0-dim CPU literals of a CUDA graph (`mask[:4] = 1` traces `tensor(1.)` on the CPU whatever the
-    model's device) moved to the device once: ATen takes a 0-dim CPU tensor as a scalar, but a kernel
-    cannot read host memory and streams cannot record it (swin_t's attention mask ran eagerly). Only
-    snapshots (tensors the trace or streamfuse made): a live CPU scalar of the caller's (an optimizer's
-    step count) changes between calls and is read where it lives."""
-    outputs = {id(o) for o in graph.outputs}
-    for node, value in list(graph.constants.items()):
-        if node in graph.snapshots and value.device.type == "cpu" and value.dim() == 0 and id(node) not in outputs:
-            graph.constants[node] = value.to(device)
 
 
 def build_executable(graph: Graph, config: Config, device: torch.device) -> Executable:
@@ -578,33 +535,3 @@ class Executable:
     @property
     def launches(self) -> int:
         return sum(1 for g in self.plan.groups if g.kind is not GroupKind.ALIAS)
-
-
-class BadInput(ValueError):
-    """A call's inputs do not fit the compiled plan (the message names the input and what was expected)."""
-
-
-class InputMismatch(BadInput):
-    """A call's tensor differs from the compiled one in shape, dtype or device (a plan for it may be
-    built: CompiledGraph's specializations)."""
-
-
-def raise_bad_input(i: int, t: Any, node: Node, device: torch.device, names: Sequence[str] | None,
-                    batch_note: str = "") -> None:
-    name = names[i] if names else node.name
-    where = f"input {i} ({name})"
-    if isinstance(t, torch.Tensor):
-        _raise_mismatch(where, t, node, device, batch_note)
-    raise BadInput(f"{where}: expected a {node.dtype} tensor of shape {tuple(node.shape)} on "
-                   f"{device}, got {type(t).__name__}")
-
-
-def _raise_mismatch(where: str, t: torch.Tensor, node: Node, device: torch.device, batch_note: str) -> None:
-    if tuple(t.shape) != node.shape:
-        raise InputMismatch(f"{where}: expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
-                            + (batch_note or " (shapes are fixed: Config.max_specializations is 0)"))
-    if t.dtype != node.dtype:
-        raise InputMismatch(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
-    raise InputMismatch(f"{where}: expected device {device}, got {t.device}")
-
-

@@ -57,7 +57,7 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
     from streamfuse.ir.merge import merge_sibling_convolutions
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import disjoint_union
-    from streamfuse.runtime.executable import graph_device
+    from streamfuse.runtime.inputs import graph_device
 
     if not models:
         raise ValueError("models must be a non-empty list of (model, example_inputs) pairs")

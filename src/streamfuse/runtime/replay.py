@@ -139,7 +139,7 @@ class PinnedGraph:
         replay; and the bytes its copied inputs land in, inside the pool (free between replays)."""
         return {"handed_out": storage_bytes([o.value for o in self.outputs if o.kind == "pool"]),
                 "copied_out": storage_bytes([o.value for o in self.outputs if o.kind == "copy"]),
-                "input_buffers": sum(b.numel() * b.element_size() for b in self.buffers),
+                "input_buffers": storage_bytes(self.buffers),
                 "inputs_read_in_place": len(self.pinned_at), "inputs_copied": len(self.copied_at)}
 
     def _record(self, args: list[Any]) -> list[Any]:

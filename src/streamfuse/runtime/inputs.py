@@ -1,0 +1,83 @@
+"""A call's inputs against the compiled plan: the graph's device, 0-dim host scalars moved to it, and
+the errors that name a bad input (split from runtime/executable.py, which checks inputs with these)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from streamfuse.ir.graph import Graph, Node
+
+
+def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
+    """The device of the graph's tensors: the first accelerator among inputs and constants (0-dim
+    CPU tensors, such as SDPA's host Philox seed or a traced literal, come beside device tensors),
+    else the CPU."""
+    tensors = [t for t in list(example_inputs) + list(graph.constants.values()) if isinstance(t, torch.Tensor)]
+    return next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+
+
+def scalars_to_device(inputs: list[Any] | tuple[Any, ...], at: Sequence[int], device: torch.device,
+                      cache: dict[int, tuple[Any, torch.Tensor]]) -> list[Any]:
+    """`inputs` with each 0-dim CPU tensor at the positions `at` (the plan's 0-dim inputs) on `device`;
+    the same sequence when there is none. Such tensors arrive where a trace recorded a device tensor:
+    SDPA's memory-efficient and flash kernels return their Philox seed and offset on the host outside
+    CUDA-graph capture (on the device inside it, and a fake-tensor trace says the device), and their
+    backward takes either; transformers' generation passes 0-dim host integers (run 64). A generated
+    kernel cannot read host memory, and a CUDA graph cannot copy from it safely. The device copy is
+    filled from the host value (a fill kernel: a copy from pageable memory would synchronize the
+    stream), and kept in `cache` by position: a call passing the same value reuses it, with no launch
+    (the plan only reads these inputs)."""
+    moved: list[Any] | None = None
+    for i in at:
+        t = inputs[i]
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0:
+            value = t.item()
+            kept = cache.get(i)
+            if kept is None or kept[0] != value or kept[1].dtype != t.dtype:
+                kept = cache[i] = (value, torch.full((), value, dtype=t.dtype, device=device))
+            moved = list(inputs) if moved is None else moved
+            moved[i] = kept[1]
+    return list(inputs) if moved is None else moved
+
+
+def move_cpu_scalars(graph: Graph, device: torch.device) -> None:
+    """0-dim CPU literals of a CUDA graph (`mask[:4] = 1` traces `tensor(1.)` on the CPU whatever the
+    model's device) moved to the device once: ATen takes a 0-dim CPU tensor as a scalar, but a kernel
+    cannot read host memory and streams cannot record it (swin_t's attention mask ran eagerly). Only
+    snapshots (tensors the trace or streamfuse made): a live CPU scalar of the caller's (an optimizer's
+    step count) changes between calls and is read where it lives."""
+    outputs = {id(o) for o in graph.outputs}
+    for node, value in list(graph.constants.items()):
+        if node in graph.snapshots and value.device.type == "cpu" and value.dim() == 0 and id(node) not in outputs:
+            graph.constants[node] = value.to(device)
+
+
+class BadInput(ValueError):
+    """A call's inputs do not fit the compiled plan (the message names the input and what was expected)."""
+
+
+class InputMismatch(BadInput):
+    """A call's tensor differs from the compiled one in shape, dtype or device (a plan for it may be
+    built: CompiledGraph's specializations)."""
+
+
+def raise_bad_input(i: int, t: Any, node: Node, device: torch.device, names: Sequence[str] | None,
+                    batch_note: str = "") -> None:
+    name = names[i] if names else node.name
+    where = f"input {i} ({name})"
+    if isinstance(t, torch.Tensor):
+        _raise_mismatch(where, t, node, device, batch_note)
+    raise BadInput(f"{where}: expected a {node.dtype} tensor of shape {tuple(node.shape)} on "
+                   f"{device}, got {type(t).__name__}")
+
+
+def _raise_mismatch(where: str, t: torch.Tensor, node: Node, device: torch.device, batch_note: str) -> None:
+    if tuple(t.shape) != node.shape:
+        raise InputMismatch(f"{where}: expected shape {tuple(node.shape)}, got {tuple(t.shape)}"
+                            + (batch_note or " (shapes are fixed: Config.max_specializations is 0)"))
+    if t.dtype != node.dtype:
+        raise InputMismatch(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
+    raise InputMismatch(f"{where}: expected device {device}, got {t.device}")
