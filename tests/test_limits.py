@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -67,6 +69,21 @@ def test_split_divides_work_per_thread(config) -> None:  # type: ignore[no-untyp
     _, _, warps1 = reduction_launch(dom, config, 132, 1)
     _, _, warps2 = reduction_launch(dom, config, 132, 2)
     assert warps2 == min(config.reduction_max_warps, 2 * warps1)
+
+
+def test_a_reduction_grid_smaller_than_the_gpu_gives_each_row_more_warps(config) -> None:  # type: ignore[no-untyped-def]
+    """A layer norm at batch 1 (one row, or 128 rows of 768, on 132 SMs) is latency-bound: at most
+    Config.reduction_small_grid_elems_per_thread elements per thread. A grid that fills the GPU keeps
+    the register budget (reduction_elems_per_thread)."""
+    for rows in (1, 128):
+        block_m, block_r, warps = reduction_launch(ReductionDomain(shape=(rows, 768), dims=(1,)), config, 132)
+        assert math.ceil(rows / block_m) < 132 and block_r == 1024
+        assert block_m * block_r // (32 * warps) == config.reduction_small_grid_elems_per_thread
+        _, _, fewer = reduction_launch(ReductionDomain(shape=(rows, 768), dims=(1,)),
+                                       config.replace(reduction_small_grid_elems_per_thread=16), 132)
+        assert fewer == warps // 4
+    block_m, block_r, warps = reduction_launch(ReductionDomain(shape=(301056, 49), dims=(1,)), config, 132)
+    assert block_m * block_r // (32 * warps) == config.reduction_elems_per_thread
 
 
 def test_estimates_grow_with_live_tiles(config) -> None:  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from streamfuse.fusion.groups import GroupKind
 from streamfuse.runtime.steps import ChannelsLastConvStep
 from streamfuse.tune.conv_layout import eligible, measure_layout
 from streamfuse.ir.indexing import channels_last_strides
-from streamfuse.tune.network_layout import measure_network_layout, storable
+from streamfuse.tune.network_layout import measure_network_layout, producing_part, storable
 
 
 class Block(nn.Module):
@@ -69,7 +69,8 @@ def test_kernels_store_channels_last_for_the_convolutions_after_them(config, dev
     owner = compiled.plan.group_of()
     for node in network.stored:
         assert node.strides == channels_last_strides(node.shape)
-        assert owner[node].walk == (0, 2, 3, 1)  # its kernel walks the result in memory order
+        part = producing_part(owner[node], node)
+        assert part is not None and part.walk == (0, 2, 3, 1)  # its kernel walks the result in memory order
     # the kernels that write them store channels_last strides
     written = [o for src in exe.sources.values() for o, st in zip(src.outputs, src.output_strides or [], strict=False)
                if st is not None and st == channels_last_strides(o.shape)]
@@ -110,6 +111,49 @@ def test_network_layout_through_the_backend_and_at_another_batch(config, device)
             torch.testing.assert_close(backend(x), want, rtol=tol(device), atol=tol(device))
             torch.testing.assert_close(compiled(x), want, rtol=tol(device), atol=tol(device))
     torch._dynamo.reset()
+
+
+class Fire(nn.Module):
+    """squeezenet's fire module and the max pool after it: two ReLU'd expand convolutions
+    concatenated and pooled before the next convolution; odd channel counts and sizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.squeeze = nn.Conv2d(3, 5, 1)
+        self.e1, self.e3 = nn.Conv2d(5, 6, 1), nn.Conv2d(5, 7, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.next = nn.Conv2d(13, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.relu(self.squeeze(x))
+        cat = torch.cat([torch.relu(self.e1(s)), torch.relu(self.e3(s))], 1)
+        return self.next(self.pool(cat)).mean((2, 3))
+
+
+def test_kernels_between_channels_last_convolutions_store_channels_last_too(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A chain of generated kernels between convolutions (ReLU, then cat + max pool) stays in the
+    network's layout: every 4-D result a generated kernel stores and only generated kernels or
+    convolutions read is channels_last, computed from a channels_last tensor (run 118: squeezenet's
+    ReLUs stored row-major between channels_last convolutions made two kernels convert layouts)."""
+    torch.manual_seed(2)
+    model = Fire().eval().to(device)
+    x = torch.randn(2, 3, 11, 9, device=device)
+    compiled = streamfuse.compile(model, (x,), config.replace(conv_layout="channels_last"))
+    network = compiled.base.network_layout
+    assert network is not None and network.channels_last
+    owner = compiled.plan.group_of()
+    generated = [n for g in compiled.plan.groups if g.kind in (GroupKind.POINTWISE, GroupKind.HORIZONTAL)
+                 for n in g.outputs if len(n.shape) == 4 and n not in compiled.graph.output_nodes]
+    assert len(generated) >= 3  # the squeeze's ReLU, the expand ReLUs (or their cat), the pool
+    assert set(generated) <= set(network.stored)
+    for node in generated:
+        part = producing_part(owner[node], node)
+        assert node.strides == channels_last_strides(node.shape)
+        assert part is not None and part.walk == (0, 2, 3, 1)
+    with torch.no_grad():
+        for batch in (2, 3):
+            x = torch.randn(batch, 3, 11, 9, device=device)
+            torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
 
 
 def test_results_read_by_aten_or_returned_stay_nchw(config, device) -> None:  # type: ignore[no-untyped-def]
@@ -170,7 +214,8 @@ def test_auto_keeps_the_network_layout_only_when_its_convolutions_win_by_the_mar
     phase["cl"] = pure_us
     layout, choices = measure_network_layout(plan, convs, per_conv, keep, stored, cfg, torch.device("cpu"),
                                              alternating)
-    assert len(stored) == 3 and (layout.channels_last_us, layout.chosen_us) == (3 * pure_us + 12.0, 40.0)
+    # the three convolutions' inputs, and the residual ReLU between them that the pool reads
+    assert len(stored) == 4 and (layout.channels_last_us, layout.chosen_us) == (3 * pure_us + 12.0, 40.0)
     assert layout.channels_last is expected and (layout.stored == stored if expected else layout.stored == [])
     if expected:
         assert sorted(c.channels_last_us for c in choices.values()) == [pure_us] * 3 + [12.0]

@@ -54,7 +54,8 @@ def pointwise_launch(n: int, config: Config, split: int = 1) -> tuple[int, int]:
 def reduction_launch(dom: ReductionDomain, config: Config, sm_count: int, split: int = 1) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_R, num_warps) of a persistent reduction: whole rows in registers, as many
     rows per program as the register budget allows while the grid still gives every SM
-    `grid_min_waves` programs. `split` divides each thread's elements (more warps per row tile)."""
+    `grid_min_waves` programs. `split` divides each thread's elements (more warps per row tile); a
+    grid smaller than the SM count takes at most `reduction_small_grid_elems_per_thread`."""
     m, r = dom.rows, dom.row_size
     elems = max(1, config.reduction_elems_per_thread // split)
     block_r = next_pow2(r)
@@ -62,6 +63,8 @@ def reduction_launch(dom: ReductionDomain, config: Config, sm_count: int, split:
     block_m = max(1, min(next_pow2(m), tile // block_r))
     while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
         block_m //= 2
+    if math.ceil(m / block_m) < sm_count:  # latency-bound: more warps to each row
+        elems = min(elems, config.reduction_small_grid_elems_per_thread)
     num_warps = min(config.reduction_max_warps, next_pow2(max(1, block_m * block_r // (WARP_SIZE * elems))))
     return block_m, block_r, num_warps
 
