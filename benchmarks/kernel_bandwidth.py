@@ -54,6 +54,9 @@ def main() -> int:
                 for _ in range(args.calls):
                     compiled(*inputs)
         assert prof.report is not None
+        layout = getattr(compiled.base, "network_layout", None)
+        if layout is not None:
+            print(f"  {layout.describe()}")
         mine = [k for k in prof.report.kernels if k.name.startswith("sf_") and k.bytes]
         total += len(mine)
         print(f"{w.name}: {len(mine)} generated kernels profiled")
@@ -100,14 +103,14 @@ def kernel_class(name: str) -> str:
     """A kernel's class by its name: cuBLAS/CUTLASS matmuls, attention, generated (streamfuse's sf_*,
     Inductor's triton_*), convolutions (cuDNN), the rest."""
     low = name.lower()
-    if any(t in low for t in ("flash", "fmha", "attention", "attn")):
-        return "attention"
-    if any(t in low for t in ("gemm", "cutlass", "xmma", "cublas", "sm90_", "gemv", "matmul", "splitk")):
-        return "matmul"
-    if any(t in low for t in ("conv", "cudnn", "implicit", "winograd", "fprop", "dgrad", "wgrad")):
-        return "convolution"
-    if low.startswith(("sf_", "triton")):
+    if low.startswith(("sf_", "triton")):  # before the others: Inductor names its kernels by the ops they fuse
         return "generated"
+    if any(t in low for t in ("flash", "fmha", "attention", "attn", "sdpa")):
+        return "attention"
+    if any(t in low for t in ("conv", "cudnn", "implicit", "winograd", "fprop", "dgrad", "wgrad")):
+        return "convolution"  # before matmul: cuDNN's implicit-GEMM convolutions name a gemm
+    if any(t in low for t in ("gemm", "cutlass", "xmma", "cublas", "sm90_", "gemv", "matmul", "splitk", "nvjet")):
+        return "matmul"
     return "other"
 
 

@@ -14,9 +14,9 @@ from torch import nn
 
 import streamfuse
 from streamfuse.fusion.groups import GroupKind
+from streamfuse.ir.indexing import channels_last_strides
 from streamfuse.runtime.steps import ChannelsLastConvStep
 from streamfuse.tune.conv_layout import eligible, measure_layout
-from streamfuse.ir.indexing import channels_last_strides
 from streamfuse.tune.network_layout import measure_network_layout, producing_part, storable
 
 
@@ -266,7 +266,7 @@ class RandomConvNet(nn.Module):
     def __init__(self, seed: int) -> None:
         super().__init__()
         rng = torch.Generator().manual_seed(seed)
-        pick = lambda n: int(torch.randint(n, (1,), generator=rng))  # noqa: E731
+        pick = lambda n: int(torch.randint(n, (1,), generator=rng))
         self.kinds: list[str] = []
         self.layers = nn.ModuleList()
         c = 3
