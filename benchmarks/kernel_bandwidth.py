@@ -54,12 +54,12 @@ def main() -> int:
                 for _ in range(args.calls):
                     compiled(*inputs)
         assert prof.report is not None
-        layout = getattr(compiled.base, "network_layout", None)
-        if layout is not None:
-            print(f"  {layout.describe()}")
         mine = [k for k in prof.report.kernels if k.name.startswith("sf_") and k.bytes]
         total += len(mine)
         print(f"{w.name}: {len(mine)} generated kernels profiled")
+        layout = getattr(compiled.base, "network_layout", None)
+        if layout is not None:
+            print(f"  {layout.describe()}")
         if args.top:
             per_call = sorted(prof.report.kernels, key=lambda k: -k.total_us)
             whole = sum(k.total_us for k in per_call) / args.calls

@@ -56,7 +56,8 @@ class NetworkLayout:
         if not self.channels_last:
             return f"activation layout: chosen per convolution ({self.reason}{measured})"
         return (f"activation layout: channels_last through the network ({self.reason}{measured}); "
-                f"{len(self.stored)} kernel result(s) stored channels_last (convolution inputs and the kernels between convolutions)")
+                f"{len(self.stored)} kernel result(s) stored channels_last (convolution inputs and the "
+                "kernels between convolutions)")
 
 
 def storable(plan: Plan, owner: dict[Node, Group], convs: set[Node],
@@ -69,29 +70,25 @@ def storable(plan: Plan, owner: dict[Node, Group], convs: set[Node],
     layout: squeezenet's fire module stored its two ReLUs row-major between channels_last
     convolutions and the max pool after them, so both kernels converted layouts on the way (600-1300
     GB/s, 116 µs of its call at batch 32 against reduce-overhead's 40, run 118)."""
-    outputs = plan.graph.output_nodes
+    outputs = set(plan.graph.output_nodes)
     found: list[Node] = []
     for conv in convs:
         x = conv.args[0]
         if isinstance(x, Node) and x not in found and _storable(x, outputs, owner, convs):
             found.append(x)
     cl = set(found) | set(kept_cl)
-    changed = True
-    while changed:  # to a fixed point: a stored result makes its readers' results candidates
-        changed = False
-        for g in plan.groups:
-            for part in (g.parts if g.kind is GroupKind.HORIZONTAL else [g]):
-                if part.kind is not GroupKind.POINTWISE or not any(i in cl for i in part.inputs):
-                    continue
-                for x in part.outputs:
-                    if x not in cl and _storable(x, outputs, owner, convs):
-                        found.append(x)
-                        cl.add(x)
-                        changed = True
+    for g in plan.groups:  # dependency order: one pass reaches every kernel of a chain
+        for part in (g.parts if g.kind is GroupKind.HORIZONTAL else [g]):
+            if part.kind is not GroupKind.POINTWISE or not any(i in cl for i in part.inputs):
+                continue
+            for x in part.outputs:
+                if x not in cl and _storable(x, outputs, owner, convs):
+                    found.append(x)
+                    cl.add(x)
     return found
 
 
-def _storable(x: Node, outputs: Any, owner: dict[Node, Group], convs: set[Node]) -> bool:
+def _storable(x: Node, outputs: set[Node], owner: dict[Node, Group], convs: set[Node]) -> bool:
     """`x` is a pointwise kernel's 4-D floating result, recorded contiguous, no graph output, with
     more than one channel and pixel, that every reader takes as stored."""
     if x in outputs or x.dtype is None or len(x.shape) != 4 or not x.dtype.is_floating_point:
