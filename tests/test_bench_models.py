@@ -219,8 +219,9 @@ class _RoundedChain(nn.Module):
 
 def test_a_low_precision_result_is_judged_against_float32_where_it_differs_from_eager() -> None:
     """Over the tolerance from eager's bfloat16 result, a result no farther than eager from the same
-    model in float32 passes (eager's own rounding is the difference), one farther fails, naming both
-    errors; a float32 workload over the tolerance fails as before."""
+    model in float32 passes (eager's own rounding is the difference), and so does one up to
+    F32_ERROR_FACTOR times farther; one farther still fails, naming both errors; a float32 workload
+    over the tolerance fails as before."""
     from streamfuse.bench.runner import judge
 
     model = _RoundedChain()
@@ -237,6 +238,14 @@ def test_a_low_precision_result_is_judged_against_float32_where_it_differs_from_
     failed = judge(bad, work, rel_error(wrong, ref, 0.0), wrong, ref, model, (x,))
     assert failed is not None and "from float32" in failed
     assert bad.f32_rel_err is not None and bad.eager_f32_rel_err is not None and bad.f32_rel_err > bad.eager_f32_rel_err
+    truth = model(x.float())
+    for scale, passes in ((1.5, True), (3.0, False)):  # eager's own error, scaled, on either side of the factor
+        near = (truth + scale * (ref.float() - truth)).bfloat16()
+        mode = ModeResult("streamfuse")
+        verdict = judge(mode, work, rel_error(near, ref, 0.0), near, ref, model, (x,))
+        assert (verdict is None) is passes, (scale, verdict)
+        assert mode.f32_rel_err is not None and mode.eager_f32_rel_err is not None
+        assert mode.f32_rel_err > mode.eager_f32_rel_err  # farther than eager either way
     fp32 = Workload("chain fp32", lambda d: (model, (x.float(),)), torch.float32, tolerance=1e-9, rel_floor=0.0)
     plain = ModeResult("streamfuse")
     text = judge(plain, fp32, 1e-6, ref.float(), ref.float(), model, (x.float(),))

@@ -65,9 +65,15 @@ NOTES = {
                     "second_rel_err against eager at that batch",
     "f32_rel_err": "a bfloat16/float16 result of a checked mode over the tolerance from eager's: its error and eager's "
                    "(eager_f32_rel_err) against the same model and inputs in float32 (TF32 off), the result "
-                   "nearer the true value; the check passes where streamfuse is no farther from it than eager",
+                   "nearer the true value; the check passes where streamfuse is at most F32_ERROR_FACTOR (2) times "
+                   "farther from it than eager",
 }
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+F32_ERROR_FACTOR = 2.0
+"""How much farther than eager's a 16-bit result may be from the float32 model. Eager rounds every
+intermediate to 16 bits and a fused kernel rounds where its chain ends, so the two land on different
+sides of the true value; PyTorch's own benchmark harness accepts 3x eager's RMSE against float64 for
+bfloat16 (torch._dynamo.utils.same), and this check uses max relative error, which is stricter."""
 
 
 @dataclass
@@ -244,8 +250,8 @@ def tolerance(workload: Workload) -> float:
 def judge(result: ModeResult, workload: Workload, err: float, out: Any, ref: Any, model: Any,
           inputs: tuple[Any, ...]) -> str | None:
     """The failure text for a result `err` away from eager's `ref`, or None where it passes: within the
-    tolerance, or (bfloat16, float16) over it but no farther than eager from the same model computed in
-    float32: in 16 bits eager rounds every intermediate, while a fused kernel keeps its chain in float32
+    tolerance, or (bfloat16, float16) over it but at most F32_ERROR_FACTOR times farther than eager from
+    the same model computed in float32: in 16 bits eager rounds every intermediate, while a fused kernel keeps its chain in float32
     and rounds once, so the two differ by eager's own error (bert-base bf16 at batch 3: 2.07e-2 from eager,
     1.2e-2 from float32 against eager's 1.6e-2 on the CPU, session 30)."""
     tol = tolerance(workload)
@@ -255,10 +261,10 @@ def judge(result: ModeResult, workload: Workload, err: float, out: Any, ref: Any
         ours, theirs = float32_errors(model, inputs, out, ref, workload.rel_floor)
         worst = max(ours, result.f32_rel_err or 0.0)
         result.f32_rel_err, result.eager_f32_rel_err = worst, max(theirs, result.eager_f32_rel_err or 0.0)
-        if ours <= theirs:
+        if ours <= F32_ERROR_FACTOR * theirs:
             return None
-        return (f"wrong result: max relative error {err:.2e} > {tol:.0e}, and {ours:.2e} from float32 "
-                f"against eager's {theirs:.2e}")
+        return (f"wrong result: max relative error {err:.2e} > {tol:.0e}, and {ours:.2e} from float32, over "
+                f"{F32_ERROR_FACTOR:g}x eager's {theirs:.2e}")
     return f"wrong result: max relative error {err:.2e} > {tol:.0e}"
 
 
