@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from streamfuse.codegen.pointwise_ops import Operand, cast, convert, emit_pointwise, single_value_float64
+from streamfuse.codegen.gather import emit_embedding
 from streamfuse.codegen.pooling import emit_window
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
@@ -378,6 +379,8 @@ class Emitter:
             result = self.concat(node, index)
         elif node.kind is OpKind.WINDOW:
             result = emit_window(self, node, index)
+        elif node.kind is OpKind.GATHER:
+            result = emit_embedding(self, node, index)
         elif node.op == RAND_OP:
             _, base = rand_node_args(node)
             self.uses_rng = True

@@ -264,7 +264,7 @@ def evaluations_per_element(nodes: list[Node]) -> tuple[int, int]:
     return total, distinct
 
 
-_COMPUTES = frozenset({OpKind.POINTWISE, OpKind.REDUCTION, OpKind.CONCAT, OpKind.WINDOW})
+_COMPUTES = frozenset({OpKind.POINTWISE, OpKind.REDUCTION, OpKind.CONCAT, OpKind.WINDOW, OpKind.GATHER})
 
 
 def window_taps(n: Node) -> int:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.ops import OpKind
 
 
 class GroupKind(enum.Enum):
@@ -127,3 +129,13 @@ class Plan:
 
     def group_of(self) -> dict[Node, Group]:
         return {n: g for g in self.groups for n in g.nodes}
+
+
+def read_bytes(inp: Node, nodes: Iterable[Node]) -> float:
+    """Bytes a kernel of `nodes` reads of its input `inp`: all of it, except a table that only
+    embedding lookups read, of which at most the rows looked up are (a GPT-2 decode step reads one
+    row of its 154 MB token table)."""
+    readers = [n for n in nodes if inp in n.input_nodes()]
+    if readers and all(n.kind is OpKind.GATHER and n.args[0] is inp and inp not in n.args[1:] for n in readers):
+        return float(min(inp.numel, sum(n.numel for n in readers)) * inp.itemsize)
+    return float(inp.numel * inp.itemsize)

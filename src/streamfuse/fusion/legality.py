@@ -11,6 +11,8 @@ legality apart from heuristics). The rules, for v1:
 - a cat reads each input at its offset along the cat dim, and max pooling reads a window around
   its position, so both take values computed at any index, but not values derived from a
   reduction in the same kernel;
+- an embedding lookup reads its table from memory (not computed in the kernel) at a loaded index,
+  so like a cat it takes indices computed anywhere but no values derived from a reduction;
 - views and expands are never written out by a kernel: they stay zero-copy aliases;
 - with a contraction (mm / addmm, when the cost model picked the Triton template): one per kernel,
   its operands read from outside (no prologue), and every value derived from it has the [M, N]
@@ -84,6 +86,12 @@ def node_refusal(node: Node, config: Config) -> str | None:
         x = node.args[0]
         if not (isinstance(x, Node) and len(x.shape) in (3, 4) and node.dtype in FLOAT_DTYPES):
             return "pooling of an integer or non-3/4-D tensor runs through ATen"
+    if node.kind is OpKind.GATHER:
+        table, ids = (node.args + (None, None))[:2]
+        if not (isinstance(table, Node) and isinstance(ids, Node) and len(table.shape) == 2
+                and table.dtype in FLOAT_DTYPES and node.dtype == table.dtype
+                and ids.dtype in (torch.int32, torch.int64) and table.numel > 0):
+            return "an embedding other than a float 2-D table at int32/int64 indices runs through ATen"
     if node.kind is OpKind.REDUCTION:
         if node.op not in GENERATED_REDUCTIONS:
             return f"reduction overload {node.op} is not generated"
@@ -122,6 +130,9 @@ def check_group(nodes: list[Node], graph_outputs: set[Node], config: Config) -> 
     for n in outputs:
         if n.kind in (OpKind.VIEW, OpKind.BROADCAST):
             return f"view %{n.name} ({n.op}) is also needed outside the kernel: it stays a zero-copy alias"
+    for n in nodes:
+        if n.kind is OpKind.GATHER and n.args[0] in members:
+            return f"%{n.name} ({n.op}) reads its table from memory: the table's producer is not fused into it"
     if not outputs:
         return "the group computes nothing that is used"
 

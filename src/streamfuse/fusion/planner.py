@@ -22,7 +22,7 @@ from streamfuse.fusion.geometry import (
     recompute_refusal,
     resource_refusal,
 )
-from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal
+from streamfuse.fusion.groups import Group, GroupKind, Plan, Refusal, read_bytes
 from streamfuse.fusion.horizontal import pack_horizontal
 from streamfuse.fusion.legality import KernelShape, check_group, node_refusal
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls
@@ -179,7 +179,7 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
     # flight per SM, which bound a memory-bound kernel (run 98: densenet's cat + batch-norm + ReLU at
     # batch 32 ran at 1679 GB/s split to 2 elements per thread, 3883 GB/s with 8).
     large = result.kind is GroupKind.POINTWISE and 0 < config.pointwise_no_split_from <= math.prod(result.shape)
-    replaced = [(_resources(p, config, state.sm_count, split, state.members[g]), _bytes(p))
+    replaced = [(_resources(p, config, state.sm_count, split, state.members[g]), _bytes(p, state.members[g]))
                 for (p, split), g in zip(parts, (gp, gc), strict=True)
                 if not large and not isinstance(p, str) and p.kind is GroupKind.POINTWISE is result.kind]
     reason = None
@@ -197,8 +197,8 @@ def _resources(shape: KernelShape, config: Config, sm_count: int, split: int, no
                     branched=branched_inputs(shape.kind, nodes, list(shape.inputs), config))
 
 
-def _bytes(shape: KernelShape) -> float:
-    return float(sum(n.numel * n.itemsize for n in shape.inputs + shape.outputs))
+def _bytes(shape: KernelShape, nodes: list[Node]) -> float:
+    return sum(read_bytes(n, nodes) for n in shape.inputs) + float(sum(n.numel * n.itemsize for n in shape.outputs))
 
 
 def _build_groups(state: _Partition, graph: Graph, outputs: set[Node], config: Config,

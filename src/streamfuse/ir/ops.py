@@ -28,16 +28,20 @@ class OpKind(enum.Enum):
     """2-D max or average pooling: each output element is the max or mean of a small window of its
     input, read by shifted loads masked at the borders (ir/lowerings.py lowers max_pool2d when its
     indices are unused, avg_pool2d when every window has the same divisor)."""
+    GATHER = "gather"
+    """aten.embedding: each output row is a row of the table (a 2-D input read from memory) at an index
+    loaded from the index tensor at the row's own position, so the lookup fuses into the kernel that
+    adds the embeddings and normalizes them (codegen/gather.py)."""
 
     @property
     def fusible(self) -> bool:
         return self in (OpKind.POINTWISE, OpKind.BROADCAST, OpKind.VIEW, OpKind.REDUCTION, OpKind.CONCAT,
-                        OpKind.WINDOW)
+                        OpKind.WINDOW, OpKind.GATHER)
 
     @property
     def gathers(self) -> bool:
         """Reads its input at indices other than its own (a shifted or offset position)."""
-        return self in (OpKind.CONCAT, OpKind.WINDOW)
+        return self in (OpKind.CONCAT, OpKind.WINDOW, OpKind.GATHER)
 
 
 _POINTWISE = ["add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "silu", "sin", "cos", "floor", "ceil", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "pow", "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "logical_and", "logical_or", "_to_copy", "clone", "alias", "leaky_relu", "hardtanh", "scalar_tensor", "full"]
@@ -64,6 +68,7 @@ OP_KINDS: dict[str, OpKind] = {
     "streamfuse.philox_rand": OpKind.POINTWISE,  # counter-based: a pure function of its index (ir/rng.py)
     "streamfuse.max_pool2d": OpKind.WINDOW,
     "streamfuse.avg_pool2d": OpKind.WINDOW,
+    "aten.embedding": OpKind.GATHER,
 }
 
 # Overloads whose semantics differ from the packet's default and that v1 does not generate.

@@ -23,6 +23,7 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.constant_fold import fold_constants
 from streamfuse.ir.conv_bias import bias_to_epilogue
+from streamfuse.ir.conv_input import copy_strided_conv_inputs
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
@@ -81,6 +82,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         move_cpu_scalars(graph, device)
     if config.conv_bias_epilogue:
         bias_to_epilogue(graph)  # ATen adds a cuDNN convolution's bias in a kernel of its own
+    if config.conv_input_copy:
+        copy_strided_conv_inputs(graph)  # ATen copies a strided input before cuDNN in a kernel of its own
     # 1. how each matmul runs (cost model on the device's ceilings, or measured), which nodes share
     #    a kernel, and why others do not
     ceilings = ceilings_for(device if device.type == "cuda" else None, config.cache_dir, config.calibrate)

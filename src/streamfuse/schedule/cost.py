@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from streamfuse.fusion.groups import Group, GroupKind
+from streamfuse.fusion.groups import Group, GroupKind, read_bytes
 from streamfuse.ir.graph import Node
 from streamfuse.ir.ops import OpKind, packet_name
 
@@ -51,7 +51,7 @@ def unfused_us(group: Group, ceilings: DeviceCeilings) -> tuple[float, int]:
     for n in group.nodes:
         if n.kind in (OpKind.VIEW, OpKind.BROADCAST, OpKind.GETITEM) or not n.is_tensor:
             continue
-        moved = sum(a.numel * a.itemsize for a in n.input_nodes() if a.is_tensor) + n.numel * n.itemsize
+        moved = sum(read_bytes(a, [n]) for a in n.input_nodes() if a.is_tensor) + n.numel * n.itemsize
         total += ceilings.graph_kernel_us + max(moved / ceilings.bytes_per_us(), _flops(n) / _rate(n, ceilings))
         kernels += 1
     return total, kernels
@@ -66,8 +66,9 @@ def _rate(n: Node, ceilings: DeviceCeilings) -> float:
 
 
 def group_bytes(group: Group) -> float:
-    """Bytes a group's kernel must move: each input read once, each output written once."""
-    return float(sum(n.numel * n.itemsize for n in group.inputs + group.outputs))
+    """Bytes a group's kernel must move: each input read once (a table only its rows looked up),
+    each output written once."""
+    return sum(read_bytes(n, group.nodes) for n in group.inputs) + float(sum(n.numel * n.itemsize for n in group.outputs))
 
 
 def group_flops(group: Group) -> float:

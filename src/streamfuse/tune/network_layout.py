@@ -15,7 +15,7 @@ strides at launch) and channels_last convolutions are stored so; a model output 
 
 "auto" (CUDA with Config.autotune) keeps the network layout only if the convolutions, timed the
 way they would run in it (input already channels_last where a kernel stores it so), beat the
-one-by-one choice by Config.conv_layout_margin; "channels_last" always takes it; "native" never.
+one-by-one choice by Config.network_layout_margin; "channels_last" always takes it; "native" never.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def measure_network_layout(plan: Plan, convs: list[Group], per_conv: dict[str, C
         network += m.channels_last_us
         choices[g.name] = ConvLayoutChoice("channels_last", one.native_us, m.channels_last_us,
                                            reason="network layout, measured")
-    wins = network < (1.0 - config.conv_layout_margin) * chosen
+    wins = network < (1.0 - config.network_layout_margin) * chosen
     layout = NetworkLayout(wins, "measured", network, chosen, stored if wins else [])
     return layout, (choices if wins else per_conv)
 
