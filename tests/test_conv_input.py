@@ -11,6 +11,7 @@ from torch import nn
 import streamfuse
 from streamfuse.ir.indexing import channels_last_strides, contiguous_strides
 from streamfuse.tune.conv_layout import eligible
+from streamfuse.tune.network_layout import shuffled_view, stored_strides
 
 
 def shuffle(x: torch.Tensor) -> torch.Tensor:
@@ -20,7 +21,8 @@ def shuffle(x: torch.Tensor) -> torch.Tensor:
 
 class ShuffleBlock(nn.Module):
     """ShuffleNet v2's stride-1 unit, odd sizes: half the channels pass, half go through 1x1, depthwise
-    3x3 and 1x1 convolutions, then the halves are concatenated and their channels interleaved."""
+    3x3 and 1x1 convolutions, then the halves are concatenated and their channels interleaved; then a
+    depthwise convolution reads the shuffled tensor whole, as a downsampling unit's branches do."""
 
     def __init__(self, c: int = 6) -> None:
         super().__init__()
@@ -29,13 +31,14 @@ class ShuffleBlock(nn.Module):
         self.branch = nn.Sequential(nn.Conv2d(h, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU(),
                                     nn.Conv2d(h, h, 3, padding=1, groups=h, bias=False), nn.BatchNorm2d(h),
                                     nn.Conv2d(h, h, 1, bias=False), nn.BatchNorm2d(h), nn.ReLU())
+        self.down = nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.stem(x))
         for _ in range(2):
             keep, work = y.chunk(2, dim=1)
             y = shuffle(torch.cat((keep, self.branch(work)), dim=1))
-        return y
+        return torch.relu(self.down(y))
 
 
 def model_on(device: torch.device) -> nn.Module:
@@ -74,6 +77,14 @@ def test_a_convolution_reading_a_channel_slice_reads_a_generated_copy(config, de
         network = compiled.base.network_layout
         assert network is not None and network.channels_last and set(copies) <= set(network.stored)
         assert all(c.strides == channels_last_strides(c.shape) for c in copies)
+        # the 5-D results of the channel shuffles are stored so that their 4-D views are channels_last:
+        # the copies read them coalesced, and the last one reaches the depthwise convolution unconverted
+        shuffled = [n for n in network.stored if len(n.shape) == 5]
+        assert len(shuffled) == 2
+        for n in shuffled:
+            view = shuffled_view(n)
+            assert view is not None and n.strides == stored_strides(n)
+            assert view.strides == channels_last_strides(view.shape)
     with torch.no_grad():
         for batch in (2, 3):
             x = torch.randn(batch, 3, 7, 9, device=device)
@@ -100,3 +111,24 @@ def test_the_copy_can_be_turned_off(config, device) -> None:  # type: ignore[no-
     assert not any(a.op == "aten.clone.default" for a in conv_inputs(compiled))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
+
+
+@pytest.mark.parametrize("reader", ["aten", "split_h"])
+def test_a_shuffle_read_otherwise_stays_row_major(config, device, reader) -> None:  # type: ignore[no-untyped-def]
+    """The shuffled view read by an ATen op, or split along H (not channels), keeps the traced layout."""
+    conv = nn.Conv2d(3, 6, 3, padding=1).eval().to(device)
+    tail = nn.Conv2d(6, 6, 1).eval().to(device)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = shuffle(torch.relu(conv(x)))
+        if reader == "aten":
+            return tail(y) + torch.cumsum(y, 2)
+        top, bottom = y.split([3, 4], dim=2)
+        return tail(top.contiguous()) * 2 + bottom.sum()
+
+    x = torch.randn(2, 3, 7, 9, device=device)
+    compiled = streamfuse.compile(fn, (x,), config.replace(conv_layout="channels_last"))
+    network = compiled.base.network_layout
+    assert network is not None and not [n for n in network.stored if len(n.shape) == 5]
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), fn(x), rtol=tol(device), atol=tol(device))

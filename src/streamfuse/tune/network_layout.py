@@ -30,7 +30,8 @@ from streamfuse.config import Config
 from streamfuse.fusion.geometry import fills_rows_contiguous, loopable
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import CHANNELS_LAST_ORDER, channels_last_strides, contiguous_strides
+from streamfuse.ir.indexing import CHANNELS_LAST_ORDER, channels_last_strides, contiguous_strides, dense_order
+from streamfuse.ir.ops import OpKind, packet_name
 from streamfuse.profile.timing import time_graph_us
 from streamfuse.tune.conv_layout import ConvLayoutChoice, measure_layout
 
@@ -90,15 +91,49 @@ def storable(plan: Plan, owner: dict[Node, Group], convs: set[Node],
 
 def _storable(x: Node, outputs: set[Node], owner: dict[Node, Group], convs: set[Node]) -> bool:
     """`x` is a pointwise kernel's 4-D floating result, recorded contiguous, no graph output, with
-    more than one channel and pixel, that every reader takes as stored."""
-    if x in outputs or x.dtype is None or len(x.shape) != 4 or not x.dtype.is_floating_point:
+    more than one channel and pixel, that every reader takes as stored; or a 5-D such result read
+    only as the 4-D view merging its dims 1 and 2 into channels (`shuffled_view`), stored so that
+    view is channels_last."""
+    if x in outputs or x.dtype is None or len(x.shape) not in (4, 5) or not x.dtype.is_floating_point:
         return False
     part = producing_part(owner.get(x), x)
     if part is None or part.kind is not GroupKind.POINTWISE or x not in part.outputs:
         return False
-    if tuple(x.strides) != contiguous_strides(x.shape) or x.shape[1] == 1 or x.shape[2] * x.shape[3] == 1:
+    if tuple(x.strides) != contiguous_strides(x.shape):
+        return False
+    seen = x if len(x.shape) == 4 else shuffled_view(x)
+    if seen is None or seen in outputs or seen.shape[1] == 1 or seen.shape[2] * seen.shape[3] == 1:
         return False  # (one channel or one pixel: the same bytes in either layout)
-    return all(_reads_as_stored(u, x, owner, convs) for u in x.users)
+    return all(_reads_as_stored(u, seen, owner, convs) for u in seen.users)
+
+
+def shuffled_view(x: Node) -> Node | None:
+    """The one reader of a 5-D `x` when it is the 4-D view [b, g * k, h, w] of `x`'s [b, g, k, h, w]:
+    ShuffleNet's channel shuffle, `x.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous().view(b, c,
+    h, w)`, whose 5-D copy is a generated kernel's result. Else None."""
+    if len(x.shape) != 5 or len(x.users) != 1:
+        return None
+    (v,) = x.users
+    if packet_name(v.op) not in ("view", "_unsafe_view", "reshape") or v.args[0] is not x:
+        return None
+    b, g, k, h, w = x.shape
+    return v if tuple(v.shape) == (b, g * k, h, w) else None
+
+
+def stored_strides(x: Node) -> tuple[int, ...]:
+    """The strides the network layout stores `x` with: channels_last, or for a 5-D result read as
+    its `shuffled_view`, the strides that make that view channels_last."""
+    if len(x.shape) == 4:
+        return channels_last_strides(x.shape)
+    _, g, k, h, w = x.shape
+    c = g * k
+    return (c * h * w, k, 1, w * c, c)
+
+
+def read_channels_last(stored: list[Node]) -> set[Node]:
+    """The stored results and the 4-D views through which their 5-D ones are read: each is a
+    channels_last tensor when the plan runs."""
+    return set(stored) | {v for x in stored if len(x.shape) == 5 and (v := shuffled_view(x)) is not None}
 
 
 def producing_part(group: Group | None, x: Node) -> Group | None:
@@ -114,7 +149,22 @@ def _reads_as_stored(user: Node, x: Node, owner: dict[Node, Group], convs: set[N
     group = owner.get(user)
     if group is not None and group.kind in _STRIDED:
         return True
+    if group is not None and group.kind is GroupKind.ALIAS and _slices_channels(user, x):
+        return all(_reads_as_stored(u, user, owner, convs) for u in user.users)  # a torch view: any strides
     return user in convs and user.args[0] is x and x not in user.args[1:]
+
+
+def _slices_channels(user: Node, x: Node) -> bool:
+    """`user` is a zero-copy view taking channels of the 4-D `x` (ShuffleNet's `chunk`), or picks a
+    result of one: valid on any strides, as the runtime runs it through torch on the tensor itself."""
+    if user.kind is OpKind.GETITEM:
+        return True
+    name = packet_name(user.op)
+    if name not in ("split", "split_with_sizes", "chunk", "slice") or user.args[0] is not x or len(x.shape) != 4:
+        return False
+    at = 1 if name == "slice" else 2  # slice(x, dim, ...); split / split_with_sizes / chunk(x, n, dim)
+    dim = user.args[at] if len(user.args) > at else user.kwargs.get("dim", 0)
+    return isinstance(dim, int) and dim % 4 == 1
 
 
 def choose_network_layout(plan: Plan, owner: dict[Node, Group], convs: list[Group],
@@ -146,12 +196,13 @@ def measure_network_layout(plan: Plan, convs: list[Group], per_conv: dict[str, C
     already channels_last where `stored` holds it; cached), summed against the one-by-one choices."""
     chosen = network = 0.0
     choices: dict[str, ConvLayoutChoice] = {}
+    cl_inputs = read_channels_last(stored)
     for g in convs:
         node, one = g.nodes[0], per_conv[g.name]
         if one.measured_us is None:
             return NetworkLayout(False, f"{g.name} not measured ({one.reason})"), per_conv
         m = measure_layout(node, plan.graph, config, device, timer, convert_back=not keep_cl[g.name],
-                           input_channels_last=node.args[0] in stored)
+                           input_channels_last=node.args[0] in cl_inputs)
         if m.channels_last_us is None:
             return NetworkLayout(False, f"{g.name}: {m.reason}"), per_conv
         chosen += one.measured_us
@@ -198,7 +249,13 @@ def apply(layout: NetworkLayout, owner: dict[Node, Group]) -> None:
     """Record the stored results' channels_last strides, and have their kernels walk that memory
     order (Group.walk): code generation writes them so."""
     for x in layout.stored:
-        x.strides = channels_last_strides(x.shape)
+        x.strides = stored_strides(x)
         part = producing_part(owner[x], x)
         assert part is not None
-        part.walk = CHANNELS_LAST_ORDER
+        if len(x.shape) == 4:
+            part.walk = CHANNELS_LAST_ORDER
+        else:
+            part.walk = dense_order(x.shape, x.strides)
+            view = shuffled_view(x)
+            assert view is not None
+            view.strides = channels_last_strides(view.shape)
