@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import streamfuse
+from streamfuse.fusion.groups import GroupKind
 from streamfuse.ir.indexing import channels_last_strides, contiguous_strides
 from streamfuse.tune.conv_layout import eligible
 from streamfuse.tune.network_layout import shuffled_view, stored_strides
@@ -69,7 +70,7 @@ def test_a_convolution_reading_a_channel_slice_reads_a_generated_copy(config, de
     assert len(copies) == 2  # the first 1x1 convolution of each unit
     assert all(tuple(c.args[0].strides) != contiguous_strides(c.shape) for c in copies)  # read from the slice
     owner = compiled.plan.group_of()
-    assert all(owner[c].kind.name in ("POINTWISE", "HORIZONTAL") for c in copies)  # generated, not ATen
+    assert all(owner[c].kind in (GroupKind.POINTWISE, GroupKind.HORIZONTAL) for c in copies)  # generated, not ATen
     convs = [n for n in compiled.graph.nodes if n.op == "aten.convolution.default"]
     if layout == "native":  # (the network layout rewrites the strides of what it stores)
         assert all(eligible(n, compiled.graph) for n in convs)
@@ -113,14 +114,17 @@ def test_the_copy_can_be_turned_off(config, device) -> None:  # type: ignore[no-
         torch.testing.assert_close(compiled(x), model(x), rtol=tol(device), atol=tol(device))
 
 
-@pytest.mark.parametrize("reader", ["aten", "split_h"])
+@pytest.mark.parametrize("reader", ["aten", "split_h", "returned"])
 def test_a_shuffle_read_otherwise_stays_row_major(config, device, reader) -> None:  # type: ignore[no-untyped-def]
-    """The shuffled view read by an ATen op, or split along H (not channels), keeps the traced layout."""
+    """The shuffled view read by an ATen op, split along H (not channels), or with a channel half
+    returned to the caller, keeps the traced layout."""
     conv = nn.Conv2d(3, 6, 3, padding=1).eval().to(device)
     tail = nn.Conv2d(6, 6, 1).eval().to(device)
 
-    def fn(x: torch.Tensor) -> torch.Tensor:
+    def fn(x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         y = shuffle(torch.relu(conv(x)))
+        if reader == "returned":
+            return tail(y), y.chunk(2, dim=1)[1]
         if reader == "aten":
             return tail(y) + torch.cumsum(y, 2)
         top, bottom = y.split([3, 4], dim=2)
@@ -131,4 +135,7 @@ def test_a_shuffle_read_otherwise_stays_row_major(config, device, reader) -> Non
     network = compiled.base.network_layout
     assert network is not None and not [n for n in network.stored if len(n.shape) == 5]
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), fn(x), rtol=tol(device), atol=tol(device))
+        got, want = compiled(x), fn(x)
+        torch.testing.assert_close(got, want, rtol=tol(device), atol=tol(device))
+        if reader == "returned":
+            assert got[1].stride() == want[1].stride()

@@ -250,10 +250,11 @@ def tolerance(workload: Workload) -> float:
 def judge(result: ModeResult, workload: Workload, err: float, out: Any, ref: Any, model: Any,
           inputs: tuple[Any, ...]) -> str | None:
     """The failure text for a result `err` away from eager's `ref`, or None where it passes: within the
-    tolerance, or (bfloat16, float16) over it but at most F32_ERROR_FACTOR times farther than eager from
-    the same model computed in float32: in 16 bits eager rounds every intermediate, while a fused kernel keeps its chain in float32
-    and rounds once, so the two differ by eager's own error (bert-base bf16 at batch 3: 2.07e-2 from eager,
-    1.2e-2 from float32 against eager's 1.6e-2 on the CPU, session 30)."""
+    tolerance, or (bfloat16, float16) over it but at most F32_ERROR_FACTOR times farther than eager
+    from the same model computed in float32: in 16 bits eager rounds every intermediate, while a fused
+    kernel keeps its chain in float32 and rounds once, so the two differ by eager's own error
+    (bert-base bf16 at batch 3: 2.07e-2 from eager, 1.2e-2 from float32 against eager's 1.6e-2 on the
+    CPU, session 30)."""
     tol = tolerance(workload)
     if err <= tol:
         return None

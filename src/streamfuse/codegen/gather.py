@@ -11,14 +11,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from streamfuse.codegen.pointwise_ops import Operand
-from streamfuse.codegen.types import TL_DTYPE, compute_dtype
+from streamfuse.codegen.types import INT32_LIMIT, TL_DTYPE, compute_dtype
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import ZERO, Expr, Index
 
 if TYPE_CHECKING:
     from streamfuse.codegen.kernel import Emitter
-
-INT32_LIMIT = 2**31 - 1
 
 
 def emit_embedding(em: Emitter, node: Node, index: Index) -> Operand:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from streamfuse.codegen.pointwise_ops import Operand, cast, convert, emit_pointwise, single_value_float64
 from streamfuse.codegen.gather import emit_embedding
+from streamfuse.codegen.pointwise_ops import Operand, cast, convert, emit_pointwise, single_value_float64
 from streamfuse.codegen.pooling import emit_window
-from streamfuse.codegen.types import TL_DTYPE, compute_dtype, literal
+from streamfuse.codegen.types import INT32_LIMIT, TL_DTYPE, compute_dtype, literal
 from streamfuse.config import Config
 from streamfuse.fusion.geometry import pointwise_launch
 from streamfuse.fusion.groups import Group, GroupKind, ReductionDomain
@@ -41,8 +41,6 @@ from streamfuse.ir.indexing import (
 from streamfuse.ir.ops import OpKind, packet_name
 from streamfuse.ir.rng import OP as RAND_OP
 from streamfuse.ir.rng import rand_node_args
-
-INT32_LIMIT = 2**31 - 1
 
 _HELPERS = {
     "_sf_max_nan": "\n\n@triton.jit\ndef _sf_max_nan(a, b):\n"

@@ -6,6 +6,9 @@ import math
 
 import torch
 
+INT32_LIMIT = 2**31 - 1
+"""The largest offset an int32 index computes: beyond it a kernel indexes in int64."""
+
 TL_DTYPE = {
     torch.float16: "tl.float16",
     torch.bfloat16: "tl.bfloat16",

@@ -68,7 +68,8 @@ def _rate(n: Node, ceilings: DeviceCeilings) -> float:
 def group_bytes(group: Group) -> float:
     """Bytes a group's kernel must move: each input read once (a table only its rows looked up),
     each output written once."""
-    return sum(read_bytes(n, group.nodes) for n in group.inputs) + float(sum(n.numel * n.itemsize for n in group.outputs))
+    written = sum(n.numel * n.itemsize for n in group.outputs)
+    return sum(read_bytes(n, group.nodes) for n in group.inputs) + float(written)
 
 
 def group_flops(group: Group) -> float:
