@@ -57,6 +57,7 @@ def main() -> int:
         mine = [k for k in prof.report.kernels if k.name.startswith("sf_") and k.bytes]
         total += len(mine)
         print(f"{w.name}: {len(mine)} generated kernels profiled")
+        print(f"  {_busy_line(prof.report.totals, args.calls)}")
         layout = getattr(compiled.base, "network_layout", None)
         if layout is not None:
             print(f"  {layout.describe()}")
@@ -90,6 +91,7 @@ def main() -> int:
                     for _ in range(args.calls):
                         peer(*inputs)
             assert peer_prof.report is not None
+            print(f"  reduce-overhead: {_busy_line(peer_prof.report.totals, args.calls)}")
             _compare(prof.report.kernels, peer_prof.report.kernels, args.calls, max(args.top, 12))
             del peer
         del model, compiled
@@ -97,6 +99,13 @@ def main() -> int:
     print(f"{suspects} suspect kernel(s) of {total} generated (below {args.floor:.0%} of copy bandwidth, "
           f">= {args.min_us} µs)")
     return 0
+
+
+def _busy_line(totals: dict[str, float], calls: int) -> str:
+    """The GPU's busy time per call (the union of kernel intervals: kernels that overlap, on other
+    streams or started early by programmatic dependent launch, count once) and the gap ratio."""
+    return (f"GPU busy {totals['busy_us'] / calls:.1f} µs per call over a span of {totals['span_us'] / calls:.1f}, "
+            f"gap ratio {100 * totals['gap_ratio']:.1f}%")
 
 
 def kernel_class(name: str) -> str:

@@ -9,7 +9,7 @@
 #                       [s29-train] [s30-tests] [models-bf16d] [models-bf16e] [models-tp4] [models-tp5]
 #                       [models-dense] [models-dense2] [dense32-compile] [s30-replay] [s30-mem] [s30-gpt2] [kprof-s30] [kprof-gpt2b]
 #                       [s31-tests] [models-cl] [kprof-sq] [swin-red] [models-b1red] [kprof-shuffle]
-#                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6]
+#                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
 #                       [training-text] [compile-bf16] [compile] [bandwidth]
@@ -38,7 +38,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -225,6 +225,9 @@ step gputests5 240 bash -c 'python3 -m pytest -v -n 12 -m gpu -k "not test_fuzz_
   tests/test_network_layout.py tests/test_gather.py'
 step models-tp6 220 streamfuse bench --suite models --models mobilenet_v2,efficientnet,regnet --batch throughput \
   --dtype float32 --modes eager,compile-ro,streamfuse --reps 20 --out "$OUT/models-tp6"
+# next: where gpt2 decode's 21 µs between kernels go (PDL off against on)
+step kprof-gpt2-nopdl 150 bash -c 'python3 benchmarks/kernel_bandwidth.py --models gpt2 --batch 1 --dtype bfloat16 \
+  --top 8 --set pdl=false; python3 benchmarks/kernel_bandwidth.py --models gpt2 --batch 1 --dtype bfloat16 --top 8'
 step s32b-tests 90 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_conv_input.py \
   tests/test_network_layout.py tests/test_gather.py
 step kprof-gpt2d 90 python3 benchmarks/kernel_bandwidth.py --models gpt2 --batch 1 --dtype bfloat16 --top 12 --peer
@@ -306,6 +309,7 @@ for f in models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-den
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
+[ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"
 [ -f "$OUT/kprof-gpt2d.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-gpt2d.txt" | tail -40
 [ -f "$OUT/kprof-sq.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-sq.txt" | tail -32
 [ -f "$OUT/swin-red.txt" ] && grep -E "kernel time|sf_red|per kind" "$OUT/swin-red.txt"
