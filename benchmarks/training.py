@@ -137,15 +137,20 @@ def workloads(names: list[str], tiny: bool) -> list[Workload]:
     return [table[n]() for n in names]
 
 
+SETTINGS: list[str] = []
+"""Config fields (NAME=VALUE, --set) for the streamfuse modes."""
+
+
 def wrap(mode: str, model: nn.Module) -> Callable[..., Any]:
     import streamfuse
 
     if mode == "compile":
         return torch.compile(model)  # type: ignore[return-value]
     if mode == "streamfuse":
-        return torch.compile(model, backend=streamfuse.make_backend())  # type: ignore[return-value]
+        config = streamfuse.Config().with_settings(SETTINGS)
+        return torch.compile(model, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
     if mode == "sf-nograph":  # the backend without CUDA graphs (before/after for runtime/replay.py)
-        config = streamfuse.Config(backend_cuda_graphs=False)
+        config = streamfuse.Config(backend_cuda_graphs=False).with_settings(SETTINGS)
         return torch.compile(model, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
     return model
 
@@ -344,7 +349,10 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true",
                     help="after timing, one more step per mode under torch.profiler: kernels, GPU busy time, top kernels")
     ap.add_argument("--history", action="store_true", help="print each backend training graph's replay history and each mode's memory by phase")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a Config field for the streamfuse modes (e.g. training_shared_pool=false)")
     args = ap.parse_args()
+    SETTINGS[:] = args.set
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")

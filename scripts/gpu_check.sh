@@ -10,6 +10,7 @@
 #                       [models-dense] [models-dense2] [dense32-compile] [s30-replay] [s30-mem] [s30-gpt2] [kprof-s30] [kprof-gpt2b]
 #                       [s31-tests] [models-cl] [kprof-sq] [swin-red] [models-b1red] [kprof-shuffle]
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
+#                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
 #                       [training-text] [compile-bf16] [compile] [bandwidth]
@@ -38,7 +39,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -228,6 +229,16 @@ step models-tp6 220 streamfuse bench --suite models --models mobilenet_v2,effici
 # next: where gpt2 decode's 21 µs between kernels go (PDL off against on)
 step kprof-gpt2-nopdl 150 bash -c 'python3 benchmarks/kernel_bandwidth.py --models gpt2 --batch 1 --dtype bfloat16 \
   --top 8 --set pdl=false; python3 benchmarks/kernel_bandwidth.py --models gpt2 --batch 1 --dtype bfloat16 --top 8'
+# session 33: the backward recorded into the forward's pool (Config.training_shared_pool): training tests, then
+# step time and peak memory beside eager and Inductor (and the separate pools of before, for the same host)
+step s33-replay 220 python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short tests/test_replay.py tests/test_training.py \
+  tests/test_memory.py tests/test_foreach.py tests/test_dropout.py -k "not fuzz"
+step s33-train 240 python3 benchmarks/training.py --models gpt2,bert-base --modes eager,compile,streamfuse --steps 10 \
+  --history --json "$OUT/s33-train.json"
+step s33-train-off 150 python3 benchmarks/training.py --models gpt2,bert-base --modes streamfuse --steps 10 \
+  --set training_shared_pool=false --json "$OUT/s33-train-off.json"
+step s33-train-r50 200 python3 benchmarks/training.py --models resnet50 --modes eager,compile,streamfuse --steps 10 \
+  --history --json "$OUT/s33-train-r50.json"
 step s32b-tests 90 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_conv_input.py \
   tests/test_network_layout.py tests/test_gather.py
 step kprof-gpt2d 90 python3 benchmarks/kernel_bandwidth.py --models gpt2 --batch 1 --dtype bfloat16 --top 12 --peer

@@ -21,6 +21,12 @@ from streamfuse.runtime.replay import PinnedGraph, ReplayGraph
 
 
 class EmulatedGraph(PinnedGraph):
+    """A backward recorded into its forward's pool (Config.training_shared_pool) may reuse the saved
+    activations' memory after their last reader, and the forward's next replay may write where that
+    backward's gradients lie. The emulation makes both happen: a replayed backward fills the saved
+    activations it took over with NaN, and a replayed forward fills the gradients of such backwards
+    with NaN, so a replay the guards should have refused shows as NaN against eager's results."""
+
     def _record(self, args: list[Any]) -> list[Any]:
         # the copied inputs land in buffers of the graph's own (here owned), handed to the recording
         # run as the capture hands them (Executable.run's `donate`)
@@ -28,7 +34,13 @@ class EmulatedGraph(PinnedGraph):
                                             device=args[i].device) for i in self.copied_at]
         if self.buffers:
             torch._foreach_copy_(self.buffers, [args[i] for i in self.copied_at])
-        return self.exe.run(self._staged(args), donate=frozenset(self.copied_at))
+        staged = self._staged(args)
+        self.kept: list[torch.Tensor] = []
+        if self.source is not None:
+            # a real pool keeps its segments while its graphs live: here the taken owners stay alive
+            self.kept = list(self.source.owners.values())
+            self._take(staged, args)
+        return self.exe.run(staged, donate=frozenset(self.copied_at + self.taken))
 
     def _staged(self, args: list[Any]) -> list[Any]:
         staged = list(args)
@@ -37,10 +49,19 @@ class EmulatedGraph(PinnedGraph):
         return staged
 
     def _launch(self, args: list[Any]) -> None:
+        for sharer in self.sharers:  # the forward writes where a sharing backward's gradients may lie
+            _poison([o.value for o in sharer.outputs if o.kind == "pool"])
         fresh = self.exe.run(self._staged(args))[: self.exe.graph.user_outputs]  # writebacks done by run
         for out, value in zip(self.outputs, fresh, strict=True):
             if out.kind in ("pool", "copy"):
                 _dense_part(out.value).copy_(_dense_part(value))
+        _poison([args[i] for i in self.taken])  # the backward reused the saved activations' memory
+
+
+def _poison(tensors: list[Any]) -> None:
+    for t in tensors:
+        if t.is_floating_point():
+            _dense_part(t).fill_(float("nan"))
 
 
 def _dense_part(t: Any) -> Any:

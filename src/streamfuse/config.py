@@ -262,6 +262,16 @@ class Config:
     inputs that stay at one address from call to call are known, read those in place and copy the
     rest (runtime/replay.py). Off: the backend passes every argument on every call and runs its
     graphs on streams without CUDA graphs."""
+    training_shared_pool: bool = False
+    """Experimental, off until it passes the GPU tests (run 126: wrong gradients for a small
+    convolutional net, and a crash rebuilding an aliased output for small Llama and T5; step memory
+    below eager's for GPT-2 and BERT-base with their gradients right). On: a training graph's
+    backward is recorded into its forward's memory pool and takes over the
+    saved activations' memory, releasing each after its last reader, so its temporaries and
+    gradients reuse it as eager's backward does (runtime/replay.py). The forward then replays only
+    once the backward's gradients are no longer referenced; where they stay referenced into the next
+    forward (gradient accumulation), both graphs are recorded again with separate pools. Off: separate
+    pools from the start (peak memory holds all saved activations and all gradients at once)."""
     max_specializations: int = 8
     """A call whose input shapes (beyond a batch that pads to a bucket) or dtypes differ from the
     compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model

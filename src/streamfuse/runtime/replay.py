@@ -31,11 +31,23 @@ Outputs:
   the graph's other buffers: the next copy into it happens only at a replay, which the guard allows
   only once no one references it.
 
-Each graph has its own memory pool, and buffers are released during capture as in a step-by-step
-run (a buffer read on another stream is held until the capture ends), so a graph needs about the
-memory a step-by-step call needs. Forward and backward do not share a pool: a graph captured later
-into a shared pool could place its outputs in the earlier graph's freed temporaries, which that
-graph's next replay would overwrite while the outputs are still visible.
+Buffers are released during capture as in a step-by-step run (a buffer read on another stream is
+held until the capture ends), so a graph needs about the memory a step-by-step call needs.
+
+Memory shared by forward and backward (Config.training_shared_pool), so that a training step's
+peak is eager's rather than all saved activations plus all gradients at once:
+- the forward hands out its saved activations as tensors that own no memory, keeping the owning
+  ones aside (PinnedGraph.owners);
+- the backward is recorded into the forward's pool, takes those owning tensors over for the inputs
+  it reads in place from them, and releases each after its last reader, so its temporaries and
+  gradients reuse that memory (and the forward's freed temporaries), as eager's backward does;
+- a replay of the backward therefore overwrites the saved activations, and a replay of the forward
+  may overwrite the backward's gradients. So the forward replays only while none of that backward's
+  gradients is referenced (PinnedGraph.busy; the usual loop frees them in zero_grad before the next
+  forward), and the backward runs step by step under retain_graph;
+- where the gradients stay referenced into the next forward (gradient accumulation keeps p.grad),
+  the forward records again with a pool of its own and the backward follows at its next call: from
+  then on the two pools are separate, as they are with the setting off.
 
 The graph is recorded once the set of inputs read in place stopped changing between two calls
 (the forward at its third call, the backward at its fifth: its saved activations move into the
@@ -47,6 +59,7 @@ random numbers come from ATen never records (explain says so).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +89,11 @@ MAX_RECORDINGS = 3
 """Recordings per training graph (the first and two after inputs moved for good)."""
 
 
+def keeps_graph() -> bool:
+    """The running backward was called with retain_graph (its saved tensors are read again later)."""
+    return bool(torch._C._autograd._get_current_graph_task_keep_graph())  # type: ignore[attr-defined]
+
+
 def is_dense(t: torch.Tensor) -> bool:
     """Every element at its own address, no gaps (a copy into empty_strided of its strides works)."""
     expected = 1
@@ -103,19 +121,55 @@ class _Output:
     geometry: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
 
 
+_OFFERS: weakref.WeakSet[PinnedGraph] = weakref.WeakSet()
+"""Forward graphs whose saved activations' memory a backward may take over (PinnedGraph.owners)."""
+
+
+def unowned(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Tensors over the same memory as `tensors` that own none of it (one storage per distinct
+    storage, so views of one buffer stay views of one storage)."""
+    storages: dict[int, Any] = {}
+    result = []
+    for t in tensors:
+        base = t.untyped_storage()
+        ptr = base.data_ptr()
+        if ptr not in storages:
+            storages[ptr] = torch._C._construct_storage_from_data_pointer(  # type: ignore[attr-defined]
+                ptr, t.device, base.nbytes())
+        result.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            storages[ptr], t.storage_offset(), t.shape, t.stride()))
+    return result
+
+
 class PinnedGraph:
     """One recorded CUDA graph of a plan whose `pinned` inputs are read in place."""
 
     def __init__(self, compiled: CompiledGraph, args: list[Any], pinned: list[bool], copy_outputs: set[int],
-                 fresh_aliases: bool = False):
+                 fresh_aliases: bool = False, offer: bool = False, source: PinnedGraph | None = None):
         """`fresh_aliases`: hand out each buffer as a new tensor on its storage (the backward's
         gradients: autograd's accumulation adopts a gradient no one else references, and clones one
-        that is referenced, as the graph's own tensor is)."""
+        that is referenced, as the graph's own tensor is). `offer` (a forward): hand out the buffers
+        as tensors that own no memory and keep the owning ones in `owners`, for the backward to take
+        over. `source` (a backward): the forward whose `owners` this graph takes over for the inputs
+        it reads in place from them: it is recorded into that forward's pool and releases each after
+        its last reader (the module's docstring)."""
         exe = compiled.base
         self.fresh_aliases = fresh_aliases
         self.exe = exe
         self.pinned_at = [i for i, p in enumerate(pinned) if p]
         self.copied_at = [i for i, p in enumerate(pinned) if not p]
+        self.owners: dict[int, torch.Tensor] = {}
+        """The owning tensors of the buffers handed out (by storage address), while no backward took them."""
+        self.sharers: list[PinnedGraph] = []
+        """Backwards recorded into this graph's pool: their gradients may lie in memory this graph
+        writes, so it replays only while none of theirs is referenced (busy)."""
+        self.retired = False
+        """Replaced by a recording with a pool of its own: a backward that took its memory records again."""
+        self.taken: list[int] = []
+        if source is not None and source.owners:
+            self.taken = [i for i in self.pinned_at if args[i].untyped_storage().data_ptr() in source.owners]
+        self.source = source if self.taken else None
+        """The forward whose saved activations' memory this graph took over (inputs at `taken`)."""
         self.where = [(args[i].data_ptr(), args[i].stride()) for i in self.pinned_at]
         self.shapes = [args[i].shape for i in self.copied_at]
         self.buffers: list[torch.Tensor] = []
@@ -128,10 +182,47 @@ class PinnedGraph:
         outputs = outputs[: exe.graph.user_outputs]
         self.outputs = self._classify(outputs, args, copy_outputs)
         del outputs
+        if offer:
+            self._offer()
         # no local may reference an output or a buffer now (not even a loop variable): the guard's
         # baseline is the idle state
         self.handed = [o.value for o in self.outputs if o.kind == "pool"]
         self.guard = OutputGuard(self.handed)
+        if self.source is not None:
+            self.source.sharers.append(self)
+
+    def _offer(self) -> None:
+        """Keep the owning tensors of the handed-out buffers aside and hand out ones that own nothing."""
+        pool = [o for o in self.outputs if o.kind == "pool"]
+        for o, view in zip(pool, self._unowned([o.value for o in pool]), strict=True):
+            self.owners.setdefault(o.value.untyped_storage().data_ptr(), o.value)
+            o.value = view
+        if self.owners:
+            _OFFERS.add(self)
+
+    def _unowned(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return unowned(tensors)
+
+    def busy(self) -> str | None:
+        """Why this graph may not replay now: "held" (its previous outputs are referenced), "sharer"
+        (a backward recorded into its pool has gradients referenced), or None."""
+        if self.guard.held():
+            return "held"
+        if any(s.guard.held() for s in self.sharers):
+            return "sharer"
+        return None
+
+    def _take(self, staged: list[Any], args: list[Any]) -> None:
+        """Put the source forward's owning tensors at the `taken` inputs of the capture's `staged`
+        inputs (donated: released after their last reader) and leave the forward none."""
+        assert self.source is not None
+        owners = self.source.owners
+        for i in self.taken:
+            a = args[i]
+            staged[i] = torch.empty(0, dtype=a.dtype, device=a.device).set_(
+                owners[a.untyped_storage().data_ptr()].untyped_storage(), a.storage_offset(), a.shape, a.stride())
+        owners.clear()  # what the forward kept but this graph does not read stays unreferenced in its pool
+        _OFFERS.discard(self.source)
 
     def memory(self) -> dict[str, int]:
         """Bytes this graph keeps between calls, outside its pool's free blocks: the buffers it hands
@@ -153,10 +244,13 @@ class PinnedGraph:
             exe.run(args)
         caller.wait_stream(warm)
         self.graph = torch.cuda.CUDAGraph()
+        self.pool = self.source.pool if self.source is not None else torch.cuda.graph_pool_handle()
         # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
-        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=self.pool):
             staged, landing = self._landing_buffers(args)
-            outputs = exe.run(staged, donate=frozenset(self.copied_at))
+            if self.source is not None:
+                self._take(staged, args)
+            outputs = exe.run(staged, donate=frozenset(self.copied_at + self.taken))
         for t, (ptr, nbytes, offset) in landing:
             storage = torch._C._construct_storage_from_data_pointer(ptr, t.device, nbytes)  # type: ignore[attr-defined]
             self.buffers.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, offset, t.shape, t.stride()))
@@ -253,6 +347,9 @@ class ReplayStats:
     """Calls that ran step by step because the previous replay's outputs were still referenced."""
     moved: int = 0
     """Calls that ran step by step because an input read in place was elsewhere."""
+    retained: int = 0
+    """Backward calls that ran step by step under retain_graph: a replay into the forward's memory
+    would overwrite the saved activations a later backward reads again."""
     history: list[str] = field(default_factory=list)
 
 
@@ -273,6 +370,8 @@ class ReplayGraph:
         """A backward's second instance, replayed while the first one's gradients are held (_record_spare)."""
         self.reason: str | None = self._unusable(compiled)
         """Why this graph never records a CUDA graph, or None."""
+        self.share = role == "forward" and compiled.config.training_shared_pool
+        """Record the forward offering its saved activations' memory to the backward (PinnedGraph)."""
         self.calls = 0
         self._ptrs: list[int] | None = None
         self._pinned: list[bool] | None = None
@@ -309,6 +408,10 @@ class ReplayGraph:
         stats = self.replay_stats
         graph = self.graph
         if graph is not None and not _capturing():
+            if not graph.matches(args) and graph.source is not None and graph.source.retired:
+                fresh = self._follow(args)
+                if fresh is not None:
+                    return fresh
             if not graph.matches(args):
                 stats.moved += 1
                 self._misses += 1
@@ -320,15 +423,24 @@ class ReplayGraph:
                     self.graph, self.spare, self._ptrs, self._pinned, self._misses = None, None, None, None, 0
             else:
                 self._misses = 0
-                free = next((g for g in (graph, self.spare) if g is not None and not g.guard.held()), None)
-                if free is None and self.spare is None and self.role == "backward":
+                retained = self.role == "backward" and keeps_graph()
+                free = next((g for g in (graph, self.spare) if g is not None and g.busy() is None
+                             and not (retained and g.source is not None)), None)
+                if free is None and self.spare is None and self.role == "backward" and graph.busy():
                     spare = self._record_spare(args)
                     if spare is not None:
                         return spare
+                if free is None and self.role == "forward" and graph.busy() == "sharer":
+                    fresh = self._unshare(args, graph)
+                    if fresh is not None:
+                        return fresh
                 if free is not None:
                     stats.replays += 1
                     return free.replay(args)
-                stats.held += 1
+                if retained and graph.busy() is None:
+                    stats.retained += 1
+                else:
+                    stats.held += 1
         elif graph is None and self.reason is None and self.compiled.eager_reason is None \
                 and self.compiled._proven and not _capturing():
             recorded = self._observe(args)
@@ -336,6 +448,36 @@ class ReplayGraph:
                 return recorded
         stats.step_by_step += 1
         return self.compiled.run_flat(args, follow_seed=False)  # drawn above: one draw per call
+
+    def _unshare(self, args: list[Any], graph: PinnedGraph) -> list[Any] | None:
+        """The forward's replay is blocked by gradients of the backward recorded into its pool, still
+        referenced into this forward (gradient accumulation keeps `p.grad`): record the forward again
+        with a pool of its own, from now on (the backward follows at its next call: _follow).
+        Returns the new graph's first replay's outputs, or None (step by step)."""
+        self.share = False
+        fresh = self._record(args, self._pinned or [], "the backward's gradients, recorded into this graph's pool, "
+                                                       "were still held (accumulation): recorded again with a pool "
+                                                       "of its own")
+        if isinstance(fresh, str):
+            self.replay_stats.history.append(f"call {self.calls}: not recorded again: {fresh}")
+            return None
+        graph.retired = True
+        self.graph = fresh
+        return fresh.replay(args)
+
+    def _follow(self, args: list[Any]) -> list[Any] | None:
+        """The forward whose memory this backward's graph took was recorded again with its own pool
+        (_unshare): record this graph again, reading the new forward's buffers, in a pool of its own.
+        Returns its first replay's outputs, or None (the usual path for moved inputs)."""
+        if self._pinned is None:
+            return None
+        fresh = self._record(args, self._pinned, "the forward was recorded again with a pool of its own: "
+                                                 "recorded again reading its buffers")
+        if isinstance(fresh, str):
+            self.replay_stats.history.append(f"call {self.calls}: not recorded again: {fresh}")
+            return None
+        self.graph, self.spare = fresh, None
+        return fresh.replay(args)
 
     def _record_spare(self, args: list[Any]) -> list[Any] | None:
         """A second instance of the backward's graph, recorded when the first one's gradients are
@@ -352,10 +494,13 @@ class ReplayGraph:
         self.spare = spare
         return spare.replay(args)
 
-    def _record(self, args: list[Any], pinned: list[bool], note: str) -> PinnedGraph | str:
-        """A recorded PinnedGraph counted in the stats with `note`, or why capture failed."""
+    def _record(self, args: list[Any], pinned: list[bool], note: str,
+                source: PinnedGraph | None = None) -> PinnedGraph | str:
+        """A recorded PinnedGraph counted in the stats with `note`, or why capture failed. `source`:
+        the forward whose memory a backward takes over (PinnedGraph)."""
         try:
-            graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs, fresh_aliases=self.role == "backward")
+            graph = PinnedGraph(self.compiled, args, pinned, self.copy_outputs, fresh_aliases=self.role == "backward",
+                                offer=self.share, source=source)
         except Exception as exc:  # noqa: BLE001 - a capture failure leaves the step-by-step path
             if self.compiled.device.type == "cuda":
                 torch.cuda.synchronize(self.compiled.device)
@@ -382,8 +527,10 @@ class ReplayGraph:
             return None
         graph = self.compiled.base.graph
         written = set(graph.written_inputs)
-        pinned = [not is_dense(a) or (p == q and not nodes[i].name.startswith(FRESH_INPUT_PREFIX) and (
-                      i in written or i in self.static or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
+        offered = self._offered()
+        pinned = [not is_dense(a) or a.untyped_storage().data_ptr() in offered or (
+                      p == q and not nodes[i].name.startswith(FRESH_INPUT_PREFIX) and (
+                          i in written or i in self.static or a.numel() * a.element_size() > SMALL_INPUT_BYTES))
                   for i, (a, p, q) in enumerate(zip(args, ptrs, previous, strict=True))]
         stable, self._pinned = pinned == self._pinned, pinned
         if not stable and self.calls < RECORD_BY_CALL:
@@ -396,12 +543,33 @@ class ReplayGraph:
             if self.calls >= RECORD_BY_CALL:
                 self.reason = "an input written in place (a running statistic) moves between calls"
             return None
-        graph = self._record(args, pinned, f"recorded, {sum(pinned)} of {len(args)} inputs read in place")
+        source = self._source(args, pinned)
+        note = f"recorded, {sum(pinned)} of {len(args)} inputs read in place"
+        if source is not None:
+            note += "; into the forward's pool, taking over its saved activations' memory"
+        graph = self._record(args, pinned, note, source)
         if isinstance(graph, str):
             self.reason = f"capture failed: {graph}"
             return None
         self.graph = graph
         return graph.replay(args)
+
+    def _offered(self) -> set[int]:
+        """For a backward (with Config.training_shared_pool): the storages recorded forwards offer
+        (their saved activations): read in place whatever their size and from the first call that
+        sees them, since they are where the forward's graph writes them on every replay, and their
+        memory is taken over (a small one was copied, and the backward recorded a call early)."""
+        if self.role != "backward" or not self.compiled.config.training_shared_pool:
+            return set()
+        return {ptr for g in list(_OFFERS) if not g.retired for ptr in g.owners}
+
+    def _source(self, args: list[Any], pinned: list[bool]) -> PinnedGraph | None:
+        """For a backward (with Config.training_shared_pool): the recorded forward that offers the
+        memory of inputs this graph reads in place (its saved activations), or None."""
+        if self.role != "backward" or not self.compiled.config.training_shared_pool:
+            return None
+        ptrs = {args[i].untyped_storage().data_ptr() for i, p in enumerate(pinned) if p}
+        return next((g for g in list(_OFFERS) if not g.retired and not ptrs.isdisjoint(g.owners)), None)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -417,6 +585,7 @@ class ReplayGraph:
         else:
             head = (f"{self.role} graph: CUDA graph with inputs read in place; {s.replays} replays, "
                     f"{s.step_by_step} calls step by step ({s.held} because the previous outputs were "
-                    f"still referenced, {s.moved} because an input read in place had moved)")
+                    f"still referenced, {s.moved} because an input read in place had moved"
+                    + (f", {s.retained} under retain_graph" if s.retained else "") + ")")
         lines = [head] + [f"  {h}" for h in s.history]
         return "\n".join(lines) + "\n" + self.compiled.explain(source)
