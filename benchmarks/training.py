@@ -10,7 +10,10 @@ allocated during the timed steps, model and optimizer state included; and max re
 counts what CUDA graphs keep in their pools between replays; the warm-up's own peak is in the JSON,
 `warmup_peak_mib`); "step MiB" is the peak over what was allocated before the mode built its timed
 model (the reference gradients, and anything the mode's own gradient check left allocated, which is
-printed apart), and the check: after seven forward + backward calls
+printed apart); "step+pools" adds the free blocks of CUDA graphs' private pools to "step MiB" (a
+graph writes them on every replay, and with Config.training_shared_pool the forward's saved
+activations lie there), the footprint to compare with eager's "step MiB"; and the check: after seven
+forward + backward calls
 from the same weights on the same batch (so the backend's CUDA graphs are replaying), every
 parameter's gradient against eager's (relative norm; float32 with TF32 off for the check, TF32 as the
 process's defaults for the timing) and against eager in float64. A mode whose gradients are further
@@ -265,6 +268,15 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             # a CUDA graph's temporaries stay reserved in its pool between replays: reserved memory
             # is the fair comparison for a mode that replays graphs
             result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
+            # a graph pool's free blocks are not "allocated", yet the graph writes them on every replay
+            # (with Config.training_shared_pool the forward's saved activations lie in blocks the
+            # backward's capture freed): the step's footprint counts the private pools whole
+            private = [seg for seg in torch.cuda.memory_snapshot()
+                       if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0)]
+            pool_total = sum(seg["total_size"] for seg in private)
+            pool_free = pool_total - sum(seg["allocated_size"] for seg in private)
+            result["graph_pools_mib"] = pool_total / 2**20
+            result["step_footprint_mib"] = result["step_mib"] + pool_free / 2**20
             try:  # diagnostics: a failure here must not cost the mode its measured row
                 if profile:
                     import streamfuse
@@ -362,7 +374,7 @@ def main() -> int:
     print(f"training step (forward + backward + SGD) on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}"
           f", torch {torch.__version__}")
     print(f"{'workload':<24} {'mode':<11} {'ms/step':>9} {'vs eager':>9} {'vs compile':>11} {'peak MiB':>9} {'step MiB':>9} "
-          f"{'rsrvd MiB':>9} "
+          f"{'rsrvd MiB':>9} {'step+pools':>10} "
           f"{'grad err':>9} {'vs fp64':>9} {'1st step s':>10}")
     for w in workloads(names, args.tiny):
         try:
@@ -387,6 +399,7 @@ def main() -> int:
                      f"{r['peak_mib']:9.0f}" if "peak_mib" in r else f"{'-':>9}",
                      f"{r['step_mib']:9.0f}" if "step_mib" in r else f"{'-':>9}",
                      f"{r['reserved_mib']:9.0f}" if "reserved_mib" in r else f"{'-':>9}",
+                     f"{r['step_footprint_mib']:10.0f}" if "step_footprint_mib" in r else f"{'-':>10}",
                      f"{r['grad_rel_err']:9.1e}" if "grad_rel_err" in r else f"{'-':>9}",
                      f"{r['grad_err_fp64']:9.1e}" if "grad_err_fp64" in r else f"{'-':>9}",
                      f"{r['first_step_s']:10.1f}" if "first_step_s" in r else f"{'-':>10}"]

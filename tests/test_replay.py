@@ -75,10 +75,7 @@ class _MLP(nn.Module):
 
 
 def _shared(config: streamfuse.Config, device: torch.device) -> streamfuse.Config:
-    """The config with the backward recorded into the forward's pool (Config.training_shared_pool,
-    experimental): emulated on the CPU only, since on the H200 it still fails (run 126)."""
-    if device.type == "cuda":
-        pytest.skip("Config.training_shared_pool fails on the GPU (run 126: wrong gradients, a crash)")
+    """The config with the backward recorded into the forward's pool (Config.training_shared_pool)."""
     return config.replace(training_shared_pool=True)
 
 
@@ -518,3 +515,22 @@ def test_hugging_face_models_train_like_eager_while_replaying(arch: str, config:
     graphs = _replays(first)
     assert graphs["forward"].replay_stats.replays > 0, graphs["forward"].explain(source=False)
     assert graphs["backward"].replay_stats.replays > 0, graphs["backward"].explain(source=False)
+
+
+def test_an_output_where_a_taken_input_was_is_the_graphs_own() -> None:
+    """On the GPU a backward that took the forward's saved activations over may put a gradient where
+    one of them started (its memory was released during the capture): that output is the graph's own
+    buffer, not a view of the input rebuilt from the caller's tensor (run 126: rebuilt from a smaller
+    activation, it raised; read from one, gradients were wrong)."""
+    from types import SimpleNamespace
+
+    gradient = torch.empty(32)
+    # the caller's tensor for the taken input: memory owned by no one, where the gradient now lies
+    (taken,) = replay_module.unowned([gradient[:24]])
+    parameter = torch.randn(8)
+    fake = SimpleNamespace(pinned_at=[0, 1], taken=[0],
+                           exe=SimpleNamespace(graph=SimpleNamespace(constants={}), device=torch.device("cpu")))
+    kinds = replay_module.PinnedGraph._classify(fake, [gradient, parameter[2:]], [taken, parameter], set())
+    assert [k.kind for k in kinds] == ["pool", "alias"], kinds
+    fake.taken = []  # without the exclusion the gradient reads as a view of the input
+    assert replay_module.PinnedGraph._classify(fake, [gradient], [taken, parameter], set())[0].kind == "alias"

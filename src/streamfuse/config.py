@@ -262,11 +262,8 @@ class Config:
     inputs that stay at one address from call to call are known, read those in place and copy the
     rest (runtime/replay.py). Off: the backend passes every argument on every call and runs its
     graphs on streams without CUDA graphs."""
-    training_shared_pool: bool = False
-    """Experimental, off until it passes the GPU tests (run 126: wrong gradients for a small
-    convolutional net, and a crash rebuilding an aliased output for small Llama and T5; step memory
-    below eager's for GPT-2 and BERT-base with their gradients right). On: a training graph's
-    backward is recorded into its forward's memory pool and takes over the
+    training_shared_pool: bool = True
+    """A training graph's backward is recorded into its forward's memory pool and takes over the
     saved activations' memory, releasing each after its last reader, so its temporaries and
     gradients reuse it as eager's backward does (runtime/replay.py). The forward then replays only
     once the backward's gradients are no longer referenced; where they stay referenced into the next

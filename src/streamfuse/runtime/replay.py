@@ -279,7 +279,9 @@ class PinnedGraph:
         self.graph.replay()
 
     def _classify(self, outputs: list[Any], args: list[Any], copy_outputs: set[int]) -> list[_Output]:
-        pinned_storage = {args[i].untyped_storage().data_ptr(): i for i in self.pinned_at}
+        # not the inputs taken over from the forward: their memory was released during the capture,
+        # and an output (a gradient) that starts where one of them did is this graph's own buffer
+        pinned_storage = {args[i].untyped_storage().data_ptr(): i for i in self.pinned_at if i not in self.taken}
         constants = {id(t) for t in self.exe.graph.constants.values()}
         result = []
         for j, o in enumerate(outputs):
