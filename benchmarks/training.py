@@ -421,7 +421,8 @@ def main() -> int:
             for g in r.get("graph_memory", []):
                 print(f"{'':<24}   {g['role']} graph keeps {g['handed_out']:.0f} MiB handed out, {g['copied_out']:.0f} "
                       f"MiB copied out; {g['input_buffers']:.0f} MiB of copied inputs land in its pool ({g['inputs_read_in_place']} "
-                      f"inputs read in place, {g['inputs_copied']} copied; {g['recordings']} recording(s))")
+                      f"inputs read in place, {g['inputs_copied']} copied; {g['recordings']} recording(s))"
+                      + ("; forward and backward share one pool, so the handed-out bytes overlap" if g.get("shares_pool") else ""))
             rows.append({"workload": w.name, **r})
     if args.json is not None:
         args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))

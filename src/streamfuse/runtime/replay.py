@@ -34,8 +34,9 @@ Outputs:
 Buffers are released during capture as in a step-by-step run (a buffer read on another stream is
 held until the capture ends), so a graph needs about the memory a step-by-step call needs.
 
-Memory shared by forward and backward (Config.training_shared_pool), so that a training step's
-peak is eager's rather than all saved activations plus all gradients at once:
+Memory shared by forward and backward (Config.training_shared_pool), so that the saved activations
+and the gradients do not each hold memory of their own for good (run 130: 318-388 MiB less than
+separate pools for GPT-2 and BERT-base; still above eager's, docs/PERF.md session 33):
 - the forward hands out its saved activations as tensors that own no memory, keeping the owning
   ones aside (PinnedGraph.owners);
 - the backward is recorded into the forward's pool, takes those owning tensors over for the inputs
@@ -227,11 +228,14 @@ class PinnedGraph:
     def memory(self) -> dict[str, int]:
         """Bytes this graph keeps between calls, outside its pool's free blocks: the buffers it hands
         out (saved activations or gradients; distinct storages) and those it copies out of on every
-        replay; and the bytes its copied inputs land in, inside the pool (free between replays)."""
+        replay; and the bytes its copied inputs land in, inside the pool (free between replays).
+        `shares_pool`: forward and backward share one pool (Config.training_shared_pool), so the
+        forward's handed-out bytes lie in blocks the backward's buffers reuse once it has read them."""
         return {"handed_out": storage_bytes([o.value for o in self.outputs if o.kind == "pool"]),
                 "copied_out": storage_bytes([o.value for o in self.outputs if o.kind == "copy"]),
                 "input_buffers": storage_bytes(self.buffers),
-                "inputs_read_in_place": len(self.pinned_at), "inputs_copied": len(self.copied_at)}
+                "inputs_read_in_place": len(self.pinned_at), "inputs_copied": len(self.copied_at),
+                "shares_pool": int(bool(self.sharers or self.source))}
 
     def _record(self, args: list[Any]) -> list[Any]:
         """Capture the plan into self.graph (its own pool); the captured outputs. The warm-up reads
@@ -410,7 +414,7 @@ class ReplayGraph:
         stats = self.replay_stats
         graph = self.graph
         if graph is not None and not _capturing():
-            if not graph.matches(args) and graph.source is not None and graph.source.retired:
+            if graph.source is not None and graph.source.retired and not graph.matches(args):
                 fresh = self._follow(args)
                 if fresh is not None:
                     return fresh
@@ -457,9 +461,11 @@ class ReplayGraph:
         with a pool of its own, from now on (the backward follows at its next call: _follow).
         Returns the new graph's first replay's outputs, or None (step by step)."""
         self.share = False
-        fresh = self._record(args, self._pinned or [], "the backward's gradients, recorded into this graph's pool, "
-                                                       "were still held (accumulation): recorded again with a pool "
-                                                       "of its own")
+        if self._pinned is None:
+            return None
+        fresh = self._record(args, self._pinned, "the backward's gradients, recorded into this graph's pool, "
+                                                 "were still held (accumulation): recorded again with a pool "
+                                                 "of its own")
         if isinstance(fresh, str):
             self.replay_stats.history.append(f"call {self.calls}: not recorded again: {fresh}")
             return None
