@@ -126,6 +126,13 @@ _OFFERS: weakref.WeakSet[PinnedGraph] = weakref.WeakSet()
 """Forward graphs whose saved activations' memory a backward may take over (PinnedGraph.owners)."""
 
 
+def on_storage(storage: Any, like: torch.Tensor, offset: int | None = None) -> torch.Tensor:
+    """A tensor on `storage` with the dtype, device, shape and strides of `like` (and its storage
+    offset unless `offset` is given)."""
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(
+        storage, like.storage_offset() if offset is None else offset, like.shape, like.stride())
+
+
 def unowned(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Tensors over the same memory as `tensors` that own none of it (one storage per distinct
     storage, so views of one buffer stay views of one storage)."""
@@ -137,8 +144,7 @@ def unowned(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         if ptr not in storages:
             storages[ptr] = torch._C._construct_storage_from_data_pointer(  # type: ignore[attr-defined]
                 ptr, t.device, base.nbytes())
-        result.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(
-            storages[ptr], t.storage_offset(), t.shape, t.stride()))
+        result.append(on_storage(storages[ptr], t))
     return result
 
 
@@ -219,9 +225,7 @@ class PinnedGraph:
         assert self.source is not None
         owners = self.source.owners
         for i in self.taken:
-            a = args[i]
-            staged[i] = torch.empty(0, dtype=a.dtype, device=a.device).set_(
-                owners[a.untyped_storage().data_ptr()].untyped_storage(), a.storage_offset(), a.shape, a.stride())
+            staged[i] = on_storage(owners[args[i].untyped_storage().data_ptr()].untyped_storage(), args[i])
         owners.clear()  # what the forward kept but this graph does not read stays unreferenced in its pool
         _OFFERS.discard(self.source)
 
@@ -257,7 +261,7 @@ class PinnedGraph:
             outputs = exe.run(staged, donate=frozenset(self.copied_at + self.taken))
         for t, (ptr, nbytes, offset) in landing:
             storage = torch._C._construct_storage_from_data_pointer(ptr, t.device, nbytes)  # type: ignore[attr-defined]
-            self.buffers.append(torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, offset, t.shape, t.stride()))
+            self.buffers.append(on_storage(storage, t, offset))
         return outputs
 
     def _landing_buffers(self, args: list[Any]) -> tuple[list[Any], list[tuple[torch.Tensor, tuple[int, int, int]]]]:
