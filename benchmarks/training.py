@@ -277,6 +277,13 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             pool_free = pool_total - sum(seg["allocated_size"] for seg in private)
             result["graph_pools_mib"] = pool_total / 2**20
             result["step_footprint_mib"] = result["step_mib"] + pool_free / 2**20
+            # which streams' blocks the pools hold (a freed block is reused only on its own stream)
+            by_stream: dict[str, list[float]] = {}
+            for seg in private:
+                row = by_stream.setdefault(f"{seg['stream']:#x}", [0.0, 0.0])
+                row[0] += seg["total_size"] / 2**20
+                row[1] += (seg["total_size"] - seg["allocated_size"]) / 2**20
+            result["graph_pools_by_stream_mib"] = {k: {"total": v[0], "free": v[1]} for k, v in by_stream.items()}
             try:  # diagnostics: a failure here must not cost the mode its measured row
                 if profile:
                     import streamfuse
@@ -423,6 +430,9 @@ def main() -> int:
                       f"MiB copied out; {g['input_buffers']:.0f} MiB of copied inputs land in its pool ({g['inputs_read_in_place']} "
                       f"inputs read in place, {g['inputs_copied']} copied; {g['recordings']} recording(s))"
                       + ("; forward and backward share one pool, so the handed-out bytes overlap" if g.get("shares_pool") else ""))
+            if args.history and r.get("graph_pools_by_stream_mib"):
+                print(f"{'':<24}   graph pools by stream (MiB total/free): " + ", ".join(
+                    f"{k} {v['total']:.0f}/{v['free']:.0f}" for k, v in r["graph_pools_by_stream_mib"].items()))
             rows.append({"workload": w.name, **r})
     if args.json is not None:
         args.json.write_text(json.dumps({"settings": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))

@@ -340,3 +340,32 @@ def test_text_architectures_train_like_eager(arch: str, config: streamfuse.Confi
         return m(input_ids=x, attention_mask=mask, labels=x).loss  # type: ignore[no-any-return]
 
     train_and_compare(model, [(x,) for x in ids], loss, config.replace(executor="reference"))
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_training_graphs_plan_training_max_streams(streams: int) -> None:
+    """A training step's graphs keep their memory pool, where each stream keeps its own free blocks:
+    they are planned with Config.training_max_streams; an inference graph keeps max_streams."""
+    from streamfuse.capture.backend import compiled_graphs, make_backend
+
+    class Branches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.parts = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([p(x).relu() for p in self.parts], 1)
+
+    torch.manual_seed(0)
+    model = Branches()
+    config = streamfuse.Config(executor="reference", max_streams=4, training_max_streams=streams)
+    before = len(compiled_graphs)
+    compiled = torch.compile(model, backend=make_backend(config))
+    compiled(torch.randn(8, 16)).sum().backward()
+    with torch.no_grad():
+        compiled(torch.randn(8, 16))
+    graphs = [g for g in compiled_graphs[before:] if g is not None]
+    plans = [getattr(g, "compiled", g) for g in graphs]
+    streams_of = [c.base.schedule.streams for c in plans if hasattr(c, "base")]
+    assert streams_of == [streams, streams, 3]  # forward, backward; then the no_grad call's graph
+    torch._dynamo.reset()

@@ -241,6 +241,20 @@ class Config:
     lowest priority, so this takes a stream besides it, and one more fork and join wait per call: a
     fork/join of k branches then needs 2k waits instead of 2(k-1). Off by default: runs 27-29
     (docs/PERF.md) found no consistent effect of priorities on the four-stream times."""
+    training_max_streams: int = 1
+    """max_streams for the forward and backward graphs of a training step through torch.compile,
+    which keep their memory pool (with the saved activations) for the life of the model. A block
+    freed on a side stream goes back to that stream's own free blocks, which the caching allocator
+    hands out to no other stream, so each stream keeps its own high-water mark: a saved activation
+    made on the forward's side stream is never reused by the backward. Runs 131-134 (docs/PERF.md,
+    session 34): against one stream, 4 streams bought 0% (resnet50 b32), 3% (BERT-base) and 5%
+    (GPT-2) of a training step and cost 1.9 GB, 0.5 GB and 0.5 GB of pool; 2 streams about the same."""
+    stream_release_bytes: int = 1 << 20
+    """A buffer of at least this many bytes that is read on another stream than its own goes back
+    to the allocator once a later step of its own stream waits for those reads: a wait is added
+    where the schedule has none, at the first step of its stream issued after each reading stream
+    moved on (schedule/release.py). Smaller ones are held to the end of a CUDA-graph capture,
+    which cannot record the allocator's events. 0 adds a wait for every such buffer."""
     # --- CUDA graphs (runtime/graphs.py) ----------------------------------------------
     cuda_graphs: bool = True
     """On CUDA, capture the whole multi-stream schedule as a CUDA graph and replay it."""
@@ -350,11 +364,14 @@ class Config:
             "reduction_small_grid_elems_per_thread": self.reduction_small_grid_elems_per_thread,
             "reduction_max_warps": self.reduction_max_warps,
             "max_streams": self.max_streams,
+            "training_max_streams": self.training_max_streams,
             "max_graphs": self.max_graphs,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"Config.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.stream_release_bytes, int) or self.stream_release_bytes < 0:
+            raise ValueError(f"Config.stream_release_bytes must be an int >= 0, got {self.stream_release_bytes!r}")
         if not isinstance(self.pointwise_no_split_from, int) or self.pointwise_no_split_from < 0:
             raise ValueError(f"Config.pointwise_no_split_from must be an int >= 0, got {self.pointwise_no_split_from!r}")
         if self.pointwise_block & (self.pointwise_block - 1):

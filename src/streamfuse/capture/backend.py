@@ -460,7 +460,9 @@ def _compiler(config: Config, role: str = "forward") -> Any:
             # inputs only, a function of its arguments) it still replays CUDA graphs
             compiled = StaticParamsGraph(gm, config, static)
         else:
-            compiled = training_graph(compile_graph(gm, example_inputs, config), training)
+            # a training graph keeps its pool, where every stream keeps its own high-water mark
+            planned = config.replace(max_streams=config.training_max_streams) if training is not None else config
+            compiled = training_graph(compile_graph(gm, example_inputs, planned), training)
         compiled_graphs.append(compiled)
 
         retry = not _mutates(gm)

@@ -512,7 +512,7 @@ class CompiledGraph:
             "fused_groups": sum(1 for g in generated if len(g.nodes) > 1),
             "refused_fusions": len(self.base.plan.refusals),
             "streams": self.base.schedule.streams,
-            "events": self.base.schedule.events,
+            "events": self.base.schedule.events + self.base.release_waits,
             "graphs": len(self._runners),
             "graph_instances": sum(r.instances for r in self._runners.values()),
             "inputs_moved": self.inputs_moved,

@@ -405,6 +405,13 @@ class Executable:
             keep_alive.extend(t for t in env if t is not None)
         return results
 
+    @property
+    def release_waits(self) -> int:
+        """Waits the stream runner adds per call so that buffers read across streams are released
+        within the call (schedule/release.py), in an ordinary call (without donated inputs)."""
+        runner = self.stream_runner
+        return runner.release_plan(runner.release).added_waits if runner is not None else 0
+
     def device_scalars(self, inputs: list[Any]) -> list[Any]:
         """`inputs` with the 0-dim host tensors among the plan's read-only 0-dim inputs on its device
         (scalars_to_device); `inputs` itself where the plan has no such input (no copy: per call)."""

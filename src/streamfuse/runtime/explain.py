@@ -172,7 +172,9 @@ def _compile_lines(compiled: CompiledGraph) -> list[str]:
 
 def _schedule_lines(compiled: CompiledGraph) -> list[str]:
     sched = compiled.base.schedule
-    lines = [f"schedule: {sched.streams} stream(s), {sched.events} cross-stream wait(s) per call"
+    extra = compiled.base.release_waits
+    lines = [f"schedule: {sched.streams} stream(s), {sched.events + extra} cross-stream wait(s) per call"
+             + (f" ({extra} of them so that memory read across streams is reused within the call)" if extra else "")
              + (" (stream 0: high priority, critical path)" if sched.own_first_stream else "")]
     if sched.streams > 1:
         groups = compiled.plan.groups

@@ -3,11 +3,14 @@
 schedule/plan.py turns the fusion plan into a StreamSchedule (pure); the StreamRunner issues the
 steps in that order, each on its stream.
 
-Memory safety across streams: buffers come from PyTorch's caching allocator; a buffer read on a
-stream other than the one it was allocated on is marked with `record_stream`, so the allocator
-never hands its memory out again while that stream may still read it. Outputs made on side
-streams are marked for the caller's stream. During CUDA-graph capture nothing is released at all
-(runtime/graphs.py), so no memory is reused inside a graph whatever stream reads it.
+Memory safety across streams: buffers come from PyTorch's caching allocator, which hands a freed
+block out again only to allocations on the stream it was allocated on. A buffer read on another
+stream is released where the schedule orders every such read before the next step of its own
+stream (schedule/release.py, which adds a wait where none does and the buffer is large); the rest
+are marked with `record_stream` on their reading streams. During CUDA-graph capture the allocator
+holds a block marked so until the capture ends, so the first kind is what lets a captured graph
+reuse memory read across streams (a training backward's saved activations and gradients).
+Outputs made on side streams are marked for the caller's stream.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from streamfuse.fusion.groups import GroupKind
 from streamfuse.schedule.plan import StreamSchedule
+from streamfuse.schedule.release import ReleasePlan, plan_releases
 
 if TYPE_CHECKING:
     from streamfuse.runtime.executable import Executable
@@ -40,10 +44,32 @@ class StreamRunner:
         self.fork_event = torch.cuda.Event()
         self.join_events = {s: torch.cuda.Event() for s in schedule.join}
         self.alloc_stream = self._allocation_streams()
-        self.cross_reads = self._cross_reads()
         self.release = exe.release_lists(schedule.order)
         """After step i, the slots nothing issued later reads (issue order, not plan order: a slot
         freed after its last reader in plan order could still be read by a step issued later)."""
+        self._plans: dict[int, tuple[list[list[int]], ReleasePlan]] = {}
+        self.release_plan(self.release)
+
+    def release_plan(self, releases: list[list[int]]) -> ReleasePlan:
+        """Where the slots of `releases` (a release list of the Executable, cached by it) go back to
+        the allocator, and the waits and events that needs (schedule/release.py)."""
+        hit = self._plans.get(id(releases))
+        if hit is not None and hit[0] is releases:
+            return hit[1]
+        exe, sched = self.exe, self.schedule
+        launching = {i for i, g in enumerate(exe.plan.groups) if g.kind is not GroupKind.ALIAS}
+        readers: dict[int, list[int]] = {}
+        for i, group in enumerate(exe.plan.groups):
+            for s in {exe.slot[a] for n in group.nodes for a in n.input_nodes()}:
+                readers.setdefault(s, []).append(i)
+        nbytes = {exe.slot[n]: n.numel * n.itemsize for n in exe.graph.nodes if n.dtype is not None}
+        plan = plan_releases(sched.order, {i: self._real_stream(s) for i, s in sched.stream_of.items()}, launching,
+                             sched.waits, [self._real_stream(s) for s in sched.join], CALLER, readers,
+                             self.alloc_stream, nbytes, releases, exe.config.stream_release_bytes)
+        for i in plan.record_events:
+            self.events.setdefault(i, torch.cuda.Event())
+        self._plans[id(releases)] = (releases, plan)
+        return plan
 
     def run(self, env: list[Any], release: bool, releases: list[list[int]] | None = None) -> None:
         """`releases`: other release lists (Executable.donating) in place of this runner's."""
@@ -64,6 +90,7 @@ class StreamRunner:
             self.fork_event.record(caller)
             for s in sched.fork:
                 streams[s].wait_event(self.fork_event)
+        plan = self.release_plan(releases)
         current = caller
         for i in sched.order:
             stream = streams[sched.stream_of[i]]
@@ -72,19 +99,26 @@ class StreamRunner:
             if stream is not current:
                 torch.cuda.set_stream(stream)
                 current = stream
+            if release:
+                for w in plan.waits.get(i, ()):
+                    stream.wait_event(self.events[w])
+                for slot in plan.before.get(i, ()):
+                    env[slot] = None
             steps[i].run(env)
             if i in self.events:
                 self.events[i].record(stream)
             if release:
-                for slot in self.cross_reads[i]:
+                for slot in plan.record.get(i, ()):
                     if env[slot] is not None and env[slot].is_cuda:  # a CPU scalar needs no stream record
                         env[slot].record_stream(stream)
-                for slot in releases[i]:
+                for slot in plan.after.get(i, ()):
                     env[slot] = None
         for s in sched.join:
             self.join_events[s].record(streams[s])
             caller.wait_event(self.join_events[s])
         if release:
+            for slot in plan.at_end:
+                env[slot] = None
             for slot in self.exe.out_slots:
                 if slot is not None and self.alloc_stream.get(slot, CALLER) != CALLER and env[slot] is not None \
                         and env[slot].is_cuda:
@@ -106,12 +140,3 @@ class StreamRunner:
 
     def _real_stream(self, s: int) -> int:
         return CALLER if s == 0 and not self.schedule.own_first_stream else s
-
-    def _cross_reads(self) -> dict[int, list[int]]:
-        exe, sched = self.exe, self.schedule
-        reads: dict[int, list[int]] = {}
-        for i, group in enumerate(exe.plan.groups):
-            here = self._real_stream(sched.stream_of[i])
-            slots = {exe.slot[a] for n in group.nodes for a in n.input_nodes()}
-            reads[i] = sorted(s for s in slots if self.alloc_stream.get(s, CALLER) != here)
-        return reads
