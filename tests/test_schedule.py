@@ -339,3 +339,19 @@ def test_explain_lists_every_wait_that_stats_count() -> None:
             compiled = streamfuse.compile(model, inputs, streamfuse.Config(executor="reference"))
         listed = [line for line in compiled.explain(source=False).splitlines() if line.strip().startswith("wait:")]
         assert len(listed) == compiled.stats["events"]
+
+
+def test_one_stream_issues_a_kernel_just_before_the_result_it_leads_to_is_due() -> None:
+    # a backward's shape: the chain g0 -> g1 -> g2 -> g3, each gi also making a weight gradient wi
+    # (read by nothing), and "zeros" (no inputs) that only the last kernel accumulates into
+    dag = nx.DiGraph()
+    nx.add_path(dag, ["zeros", "acc"])
+    nx.add_path(dag, ["g0", "g1", "g2", "g3", "acc"])
+    for i in range(4):
+        dag.add_edge(f"g{i}", f"w{i}")
+    one = assign_streams(dag, 1)
+    assert one.order.index("zeros") == one.order.index("acc") - 1  # its buffer lives one kernel long
+    assert [k for k in one.order if k[0] == "w"] == ["w0", "w1", "w2", "w3"]
+    assert all(one.order.index(f"w{i}") < one.order.index(f"g{i + 1}") for i in range(3))  # each as soon as due
+    several = check_plan(dag, 4, None)
+    assert several.order[0] == "zeros" or several.order.index("zeros") < several.order.index("g1")  # earliest start

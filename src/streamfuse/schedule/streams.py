@@ -58,7 +58,7 @@ def assign_streams(dag: nx.DiGraph, max_streams: int = 4, cost: Mapping[Kernel, 
     chains = _chain_cover(dag, topo, critical)
     streams = min(len(chains), max_streams)
     stream_of = _merge_chains(chains, critical, costs, streams)
-    order = _issue_order(dag, topo, costs, index)
+    order = _issue_order(dag, topo, costs, index, just_in_time=streams == 1)
     waits = _waits(dag, order, stream_of, streams)
     return StreamPlan(streams, stream_of, order, waits, critical, width=len(chains))
 
@@ -212,17 +212,30 @@ def _merge_chains(
 
 
 def _issue_order(
-    dag: nx.DiGraph, topo: Sequence[Kernel], costs: Mapping[Kernel, float], index: Mapping[Kernel, int]
+    dag: nx.DiGraph, topo: Sequence[Kernel], costs: Mapping[Kernel, float], index: Mapping[Kernel, int],
+    just_in_time: bool = False,
 ) -> list[Kernel]:
     """Topological order by earliest start time, which interleaves independent branches.
 
     A stream runs its kernels in issue order, so issuing a whole branch before its siblings would
     hold back the other streams' first kernels behind the host.
+
+    `just_in_time` (one stream, where the order decides only how long buffers live): each kernel
+    is issued as late as the earliest result it leads to is due, a result nothing reads being due
+    at its own earliest start. A kernel that needs nothing but is read late (a backward's zeros
+    that an embedding's gradient is accumulated into, 89 MiB for BERT-base) is then issued just
+    before its reader instead of first, where its buffer was held through the whole graph.
     """
     start: dict[Kernel, float] = {}
     for v in topo:
         start[v] = max((start[u] + costs[u] for u in dag.predecessors(v)), default=0.0)
-    return list(nx.lexicographical_topological_sort(dag, key=lambda node: (start[node], index[node])))
+    if not just_in_time:
+        return list(nx.lexicographical_topological_sort(dag, key=lambda node: (start[node], index[node])))
+    due: dict[Kernel, tuple[float, int]] = {}
+    for v in reversed(topo):
+        due[v] = min((due[c] for c in dag.successors(v)), default=(start[v], index[v]))
+    # among kernels due together, the one furthest along first: a kernel needing nothing goes last
+    return list(nx.lexicographical_topological_sort(dag, key=lambda node: (due[node], -start[node], index[node])))
 
 
 def _waits(
