@@ -227,6 +227,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             result["start_mib"] = torch.cuda.memory_allocated(device) / 2**20
+            result["start_reserved_mib"] = torch.cuda.memory_reserved(device) / 2**20
             result["check_models_alive"] = sum(r() is not None for r in _CHECKED)
         model = seeded(w, device)
         fn = wrap(mode, model)
@@ -268,6 +269,10 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
             # a CUDA graph's temporaries stay reserved in its pool between replays: reserved memory
             # is the fair comparison for a mode that replays graphs
             result["reserved_mib"] = torch.cuda.max_memory_reserved(device) / 2**20
+            # reserved against reserved (both count the allocator's free blocks, fragmentation
+            # included), where "step+pools" sets our pools' free blocks against eager's allocated
+            # bytes: the timed steps' peak reservation over what was reserved before the model existed
+            result["step_reserved_mib"] = result["reserved_mib"] - result["start_reserved_mib"]
             # a graph pool's free blocks are not "allocated", yet the graph writes them on every replay
             # (with Config.training_shared_pool the forward's saved activations lie in blocks the
             # backward's capture freed): the step's footprint counts the private pools whole
@@ -430,6 +435,9 @@ def main() -> int:
                       f"MiB copied out; {g['input_buffers']:.0f} MiB of copied inputs land in its pool ({g['inputs_read_in_place']} "
                       f"inputs read in place, {g['inputs_copied']} copied; {g['recordings']} recording(s))"
                       + ("; forward and backward share one pool, so the handed-out bytes overlap" if g.get("shares_pool") else ""))
+            if args.history and "step_reserved_mib" in r:
+                print(f"{'':<24}   step reserved {r['step_reserved_mib']:.0f} MiB (peak reserved during the timed steps "
+                      "over reserved before the model was built; includes the allocator's free blocks)")
             if args.history and r.get("graph_pools_by_stream_mib"):
                 print(f"{'':<24}   graph pools by stream (MiB total/free): " + ", ".join(
                     f"{k} {v['total']:.0f}/{v['free']:.0f}" for k, v in r["graph_pools_by_stream_mib"].items()))
