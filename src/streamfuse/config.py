@@ -242,8 +242,9 @@ class Config:
     fork/join of k branches then needs 2k waits instead of 2(k-1). Off by default: runs 27-29
     (docs/PERF.md) found no consistent effect of priorities on the four-stream times."""
     training_max_streams: int = 1
-    """max_streams for the forward and backward graphs of a training step through torch.compile,
-    which keep their memory pool (with the saved activations) for the life of the model. A block
+    """max_streams for the forward and backward graphs of a training step through torch.compile
+    (with backend_cuda_graphs), which keep their memory pool (with the saved activations) for the
+    life of the model. A block
     freed on a side stream goes back to that stream's own free blocks, which the caching allocator
     hands out to no other stream, so each stream keeps its own high-water mark: a saved activation
     made on the forward's side stream is never reused by the backward. Runs 131-134 (docs/PERF.md,

@@ -452,16 +452,16 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         bind = inference and config.backend_cuda_graphs  # parameters bound at the first call: CUDA graphs
         static = _static_inputs() if bind else []
         training = _training_role(role) if not inference and config.backend_cuda_graphs else None
+        # a training graph keeps its pool, where every stream keeps its own high-water mark
+        planned = config.replace(max_streams=config.training_max_streams) if training is not None else config
         compiled: Any
         if _is_symbolic(gm):
-            compiled = SymbolicGraph(gm, config, static if bind else None, training)
+            compiled = SymbolicGraph(gm, planned, static if bind else None, training)
         elif bind:
             # builds its plan at the first real call; with no parameters (an optimizer's step over
             # inputs only, a function of its arguments) it still replays CUDA graphs
             compiled = StaticParamsGraph(gm, config, static)
         else:
-            # a training graph keeps its pool, where every stream keeps its own high-water mark
-            planned = config.replace(max_streams=config.training_max_streams) if training is not None else config
             compiled = training_graph(compile_graph(gm, example_inputs, planned), training)
         compiled_graphs.append(compiled)
 
