@@ -115,6 +115,9 @@ def test_standard_loop_replays_forward_and_backward(build: Callable[[], nn.Modul
         assert g.reason is None, g.explain(source=False)
         assert g.replay_stats.replays >= 3, f"{role}: {g.explain(source=False)}"
         assert g.replay_stats.held == 0 and g.replay_stats.moved == 0, g.explain(source=False)
+        streams = f"planned for at most {config.training_max_streams} stream(s) (Config.training_max_streams"
+        assert streams in g.explain(source=False)
+        assert g.compiled.base.schedule.streams <= config.training_max_streams
     if not config.training_shared_pool:
         return
     # the backward was recorded into the forward's pool, taking over the saved activations' memory

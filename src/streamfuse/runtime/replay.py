@@ -600,4 +600,6 @@ class ReplayGraph:
                     f"still referenced, {s.moved} because an input read in place had moved"
                     + (f", {s.retained} under retain_graph" if s.retained else "") + ")")
         lines = [head] + [f"  {h}" for h in s.history]
+        lines.append(f"  planned for at most {self.compiled.config.max_streams} stream(s) (Config.training_max_streams: "
+                     "each stream keeps its own free blocks in the graph's memory pool)")
         return "\n".join(lines) + "\n" + self.compiled.explain(source)
