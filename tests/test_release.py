@@ -182,3 +182,13 @@ def test_a_later_branch_on_the_same_stream_releases_the_earlier_ones_output() ->
     assert plan.before[4] == [1]
     assert plan.record == {5: [4]}
 
+
+
+def test_config_rejects_bad_stream_memory_settings() -> None:
+    from streamfuse.config import Config
+
+    with pytest.raises(ValueError, match="stream_release_bytes"):
+        Config(stream_release_bytes=-1)
+    with pytest.raises(ValueError, match="training_max_streams"):
+        Config(training_max_streams=0)
+    assert Config().with_settings(["training_max_streams=4", "stream_release_bytes=0"]).training_max_streams == 4
