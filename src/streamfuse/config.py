@@ -244,12 +244,12 @@ class Config:
     training_max_streams: int = 1
     """max_streams for the forward and backward graphs of a training step through torch.compile
     (with backend_cuda_graphs), which keep their memory pool (with the saved activations) for the
-    life of the model. A block
-    freed on a side stream goes back to that stream's own free blocks, which the caching allocator
-    hands out to no other stream, so each stream keeps its own high-water mark: a saved activation
-    made on the forward's side stream is never reused by the backward. Runs 131-134 (docs/PERF.md,
-    session 34): against one stream, 4 streams bought 0% (resnet50 b32), 3% (BERT-base) and 5%
-    (GPT-2) of a training step and cost 1.9 GB, 0.5 GB and 0.5 GB of pool; 2 streams about the same."""
+    life of the model. A block freed on a side stream goes back to that stream's own free blocks,
+    which the caching allocator hands out to no other stream, so each stream keeps its own
+    high-water mark: a saved activation made on the forward's side stream is never reused by the
+    backward. Runs 131-134 (docs/PERF.md, session 34): against one stream, 4 streams bought 0%
+    (resnet50 b32), 3% (BERT-base) and 5% (GPT-2) of a training step and cost 1.9 GB, 0.5 GB and
+    0.5 GB of pool; 2 streams about the same."""
     stream_release_bytes: int = 1 << 20
     """A buffer of at least this many bytes that is read on another stream than its own goes back
     to the allocator once a later step of its own stream waits for those reads: a wait is added
