@@ -312,7 +312,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
 
 
 def graph_memory() -> list[dict[str, Any]]:
-    """What each live training graph of the backend keeps between steps (runtime/replay.PinnedGraph.memory),
+    """What each live training graph of the backend keeps between steps (runtime/pinned.PinnedGraph.memory),
     in MiB: where a mode's peak above eager's sits."""
     from streamfuse.capture.backend import compiled_graphs
     from streamfuse.runtime.replay import ReplayGraph

@@ -17,7 +17,8 @@ import torch
 import streamfuse.capture.backend as backend_module
 from streamfuse.runtime import replay
 from streamfuse.runtime.compiled import CompiledGraph
-from streamfuse.runtime.replay import PinnedGraph, ReplayGraph
+from streamfuse.runtime.pinned import PinnedGraph
+from streamfuse.runtime.replay import ReplayGraph
 
 
 class EmulatedGraph(PinnedGraph):

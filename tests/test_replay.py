@@ -27,6 +27,7 @@ from torch import nn
 
 import streamfuse
 import streamfuse.capture.backend as backend_module
+from streamfuse.runtime import pinned as pinned_module
 from streamfuse.runtime import replay as replay_module
 from streamfuse.runtime.replay import ReplayGraph
 
@@ -529,11 +530,11 @@ def test_an_output_where_a_taken_input_was_is_the_graphs_own() -> None:
 
     gradient = torch.empty(32)
     # the caller's tensor for the taken input: memory owned by no one, where the gradient now lies
-    (taken,) = replay_module.unowned([gradient[:24]])
+    (taken,) = pinned_module.unowned([gradient[:24]])
     parameter = torch.randn(8)
     fake = SimpleNamespace(pinned_at=[0, 1], taken=[0],
                            exe=SimpleNamespace(graph=SimpleNamespace(constants={}), device=torch.device("cpu")))
-    kinds = replay_module.PinnedGraph._classify(fake, [gradient, parameter[2:]], [taken, parameter], set())
+    kinds = pinned_module.PinnedGraph._classify(fake, [gradient, parameter[2:]], [taken, parameter], set())
     assert [k.kind for k in kinds] == ["pool", "alias"], kinds
     fake.taken = []  # without the exclusion the gradient reads as a view of the input
-    assert replay_module.PinnedGraph._classify(fake, [gradient], [taken, parameter], set())[0].kind == "alias"
+    assert pinned_module.PinnedGraph._classify(fake, [gradient], [taken, parameter], set())[0].kind == "alias"
