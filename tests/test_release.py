@@ -192,3 +192,77 @@ def test_config_rejects_bad_stream_memory_settings() -> None:
     with pytest.raises(ValueError, match="training_max_streams"):
         Config(training_max_streams=0)
     assert Config().with_settings(["training_max_streams=4", "stream_release_bytes=0"]).training_max_streams == 4
+
+
+class _FakeEvent:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def record(self, stream: object) -> None:
+        self.log.append(("record", id(self), stream))
+
+
+class _FakeStream:
+    log: list = []
+
+    def __init__(self, device: object = None, priority: int = 0) -> None:
+        pass
+
+    def wait_event(self, event: _FakeEvent) -> None:
+        _FakeStream.log.append(("wait", id(event), self))
+
+
+def test_stream_runner_on_fake_streams_issues_every_step_and_the_plans_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's host path (GPU-only otherwise) on stand-in streams and events: the same results
+    as the plain run, every event waited on recorded earlier, and the added waits issued."""
+    import contextlib
+
+    import torch
+
+    import streamfuse
+    from streamfuse.config import Config
+    from streamfuse.runtime.streams import StreamRunner
+
+    def branches(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # `a` is read by a side chain that nothing on the caller's stream waits for (like a
+        # backward's weight gradients): its release needs an added wait
+        a = x @ w
+        side = (((a * 2).sin() @ w).cos() @ w).tanh() @ w
+        main = ((((a @ w).relu() @ w).sigmoid() @ w).exp() @ w)
+        return side, main
+
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    exe = streamfuse.compile(branches, (x, w), Config(executor="reference", stream_release_bytes=0)).base
+    assert exe.schedule.streams > 1
+    log: list = []
+    _FakeStream.log = log
+    caller = _FakeStream()
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "Event", lambda *a, **k: _FakeEvent(log))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: caller)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: None)
+    runner = StreamRunner(exe, exe.schedule, torch.device("cpu"))
+    plan = runner.release_plan(runner.release)
+    assert plan.added_waits > 0 and plan.before  # the shape exercises the added waits
+    env: list = [None] * len(exe.graph.nodes)
+    for s, t in zip(exe.input_slots, [x, w], strict=True):
+        env[s] = t
+    for s, t in exe.constants:
+        env[s] = t
+    with torch.no_grad():
+        runner.run(env, release=True)
+    got = [env[s] for s in exe.out_slots]
+    want = exe.run([x, w], one_stream=True)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e)
+    recorded = set()
+    for kind, event, _ in log:
+        if kind == "record":
+            recorded.add(event)
+        else:
+            assert event in recorded, "a stream waited on an event not recorded yet"
+    waits = sum(kind == "wait" for kind, _, _ in log)
+    assert waits == exe.schedule.events + plan.added_waits
+    released = {s for slots in [*plan.before.values(), *plan.after.values(), plan.at_end] for s in slots}
+    assert released and all(env[s] is None for s in released)

@@ -111,14 +111,11 @@ class PinnedGraph:
     def _offer(self) -> None:
         """Keep the owning tensors of the handed-out buffers aside and hand out ones that own nothing."""
         pool = [o for o in self.outputs if o.kind == "pool"]
-        for o, view in zip(pool, self._unowned([o.value for o in pool]), strict=True):
+        for o, view in zip(pool, unowned([o.value for o in pool]), strict=True):
             self.owners.setdefault(o.value.untyped_storage().data_ptr(), o.value)
             o.value = view
         if self.owners:
             _OFFERS.add(self)
-
-    def _unowned(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return unowned(tensors)
 
     def busy(self) -> str | None:
         """Why this graph may not replay now: "held" (its previous outputs are referenced), "sharer"

@@ -26,6 +26,10 @@ from streamfuse.schedule.release import ReleasePlan, plan_releases
 if TYPE_CHECKING:
     from streamfuse.runtime.executable import Executable
 
+_Actions = tuple[tuple[Any, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+"""Per step: events its stream waits on to release memory, slots released before it, slots marked
+with record_stream after it, slots released after it (schedule/release.py's ReleasePlan)."""
+
 CALLER = -1
 """Pseudo-stream of graph inputs and constants: the caller's current stream."""
 
@@ -47,15 +51,20 @@ class StreamRunner:
         self.release = exe.release_lists(schedule.order)
         """After step i, the slots nothing issued later reads (issue order, not plan order: a slot
         freed after its last reader in plan order could still be read by a step issued later)."""
-        self._plans: dict[int, tuple[list[list[int]], ReleasePlan]] = {}
+        self._plans: dict[int, tuple[list[list[int]], ReleasePlan, list[_Actions]]] = {}
         self.release_plan(self.release)
 
     def release_plan(self, releases: list[list[int]]) -> ReleasePlan:
         """Where the slots of `releases` (a release list of the Executable, cached by it) go back to
         the allocator, and the waits and events that needs (schedule/release.py)."""
+        return self._planned(releases)[0]
+
+    def _planned(self, releases: list[list[int]]) -> tuple[ReleasePlan, list[_Actions]]:
+        """The release plan of `releases` and, per step, what a run does around it (one list index
+        per step on the host path, not four dictionary lookups)."""
         hit = self._plans.get(id(releases))
         if hit is not None and hit[0] is releases:
-            return hit[1]
+            return hit[1], hit[2]
         exe, sched = self.exe, self.schedule
         launching = {i for i, g in enumerate(exe.plan.groups) if g.kind is not GroupKind.ALIAS}
         readers: dict[int, list[int]] = {}
@@ -68,8 +77,10 @@ class StreamRunner:
                              self.alloc_stream, nbytes, releases, exe.config.stream_release_bytes)
         for i in plan.record_events:
             self.events.setdefault(i, torch.cuda.Event())
-        self._plans[id(releases)] = (releases, plan)
-        return plan
+        actions = [(tuple(self.events[w] for w in plan.waits.get(i, ())), tuple(plan.before.get(i, ())),
+                    tuple(plan.record.get(i, ())), tuple(plan.after.get(i, ()))) for i in range(len(exe.steps))]
+        self._plans[id(releases)] = (releases, plan, actions)
+        return plan, actions
 
     def run(self, env: list[Any], release: bool, releases: list[list[int]] | None = None) -> None:
         """`releases`: other release lists (Executable.donating) in place of this runner's."""
@@ -90,7 +101,7 @@ class StreamRunner:
             self.fork_event.record(caller)
             for s in sched.fork:
                 streams[s].wait_event(self.fork_event)
-        plan = self.release_plan(releases)
+        plan, actions = self._planned(releases)
         current = caller
         for i in sched.order:
             stream = streams[sched.stream_of[i]]
@@ -99,19 +110,20 @@ class StreamRunner:
             if stream is not current:
                 torch.cuda.set_stream(stream)
                 current = stream
+            waits, before, record, after = actions[i]
             if release:
-                for w in plan.waits.get(i, ()):
-                    stream.wait_event(self.events[w])
-                for slot in plan.before.get(i, ()):
+                for event in waits:
+                    stream.wait_event(event)
+                for slot in before:
                     env[slot] = None
             steps[i].run(env)
             if i in self.events:
                 self.events[i].record(stream)
             if release:
-                for slot in plan.record.get(i, ()):
+                for slot in record:
                     if env[slot] is not None and env[slot].is_cuda:  # a CPU scalar needs no stream record
                         env[slot].record_stream(stream)
-                for slot in plan.after.get(i, ()):
+                for slot in after:
                     env[slot] = None
         for s in sched.join:
             self.join_events[s].record(streams[s])
