@@ -325,7 +325,7 @@ def graph_memory() -> list[dict[str, Any]]:
             held = instance.memory()
             rows.append({"role": g.role + (" (second instance)" if instance is g.spare else ""),
                          "recordings": g.replay_stats.recordings,
-                         **{k: (v / 2**20 if k in ("handed_out", "copied_out", "input_buffers") else v)
+                         **{k: (v / 2**20 if k in ("handed_out", "copied_out", "input_buffers", "reserved_block") else v)
                             for k, v in held.items()}})
     return rows
 
@@ -434,7 +434,8 @@ def main() -> int:
                 print(f"{'':<24}   {g['role']} graph keeps {g['handed_out']:.0f} MiB handed out, {g['copied_out']:.0f} "
                       f"MiB copied out; {g['input_buffers']:.0f} MiB of copied inputs land in its pool ({g['inputs_read_in_place']} "
                       f"inputs read in place, {g['inputs_copied']} copied; {g['recordings']} recording(s))"
-                      + ("; forward and backward share one pool, so the handed-out bytes overlap" if g.get("shares_pool") else ""))
+                      + ("; forward and backward share one pool, so the handed-out bytes overlap" if g.get("shares_pool") else "")
+                      + (f"; took a {g['reserved_block']:.0f} MiB block first" if g.get("reserved_block", 0) > 0 else ""))
             if args.history and "step_reserved_mib" in r:
                 print(f"{'':<24}   step reserved {r['step_reserved_mib']:.0f} MiB (peak reserved during the timed steps "
                       "over reserved before the model was built; includes the allocator's free blocks)")

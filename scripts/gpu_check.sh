@@ -11,7 +11,7 @@
 #                       [s31-tests] [models-cl] [kprof-sq] [swin-red] [models-b1red] [kprof-shuffle]
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [s34-replay] [s34-train-r50] [s34-r50-1s] [s34-train] [s34-train-1s] [s34-train-2s]
-#                       [s34-train-all] [s34-goog] [s35-pools]
+#                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -41,7 +41,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -260,6 +260,11 @@ step s34-goog 200 streamfuse bench --suite models --models googlenet --batch thr
   --modes compile-ro,streamfuse --reps 20 --out "$OUT/s34-goog"
 # next: what fills the training pools (allocator history over the recordings; profile/pools.py)
 step s35-pools 300 python3 benchmarks/pool_history.py --models resnet50,bert-base,gpt2 --steps 8
+# next: the same without the first block (Config.training_pool_reserve), and the step with it
+step s35-pools-off 300 python3 benchmarks/pool_history.py --models resnet50,bert-base,gpt2 --steps 8 \
+  --set training_pool_reserve=False
+step s35-train 330 python3 benchmarks/training.py --models gpt2,bert-base,resnet50 --modes eager,compile,streamfuse \
+  --steps 10 --history --json "$OUT/s35-train.json"
 step s32b-tests 90 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_conv_input.py \
   tests/test_network_layout.py tests/test_gather.py
 step kprof-gpt2d 90 python3 benchmarks/kernel_bandwidth.py --models gpt2 --batch 1 --dtype bfloat16 --top 12 --peer

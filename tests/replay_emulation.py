@@ -43,6 +43,12 @@ class EmulatedGraph(PinnedGraph):
             self._take(staged, args)
         return self.exe.run(staged, donate=frozenset(self.copied_at + self.taken))
 
+    def _release(self, owners: list[torch.Tensor]) -> None:
+        # the real graph lets go of its copied-out buffers (their memory stays in its pool, where a
+        # backward recorded into it may write); here they stay owned, and a sharing backward's replay
+        # overwrites them (below), so a copy-out that read them after it would show NaN
+        self.released = list(owners)
+
     def _staged(self, args: list[Any]) -> list[Any]:
         staged = list(args)
         for i, buf in zip(self.copied_at, self.buffers, strict=True):
@@ -57,6 +63,8 @@ class EmulatedGraph(PinnedGraph):
             if out.kind in ("pool", "copy"):
                 _dense_part(out.value).copy_(_dense_part(value))
         _poison([args[i] for i in self.taken])  # the backward reused the saved activations' memory
+        if self.source is not None:  # ... and the memory its forward copies out of
+            _poison(getattr(self.source, "released", []))
 
 
 def _poison(tensors: list[Any]) -> None:

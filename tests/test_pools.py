@@ -55,3 +55,20 @@ def test_a_history_without_completed_frees_frees_at_the_request() -> None:
     snap["device_traces"] = [[e for e in snap["device_traces"][0] if e["action"] != "free_completed"]]
     (pool,) = pool_growth(snap)
     assert pool.growth[1].live == 0 and pool.peak_live == 30 * MiB
+
+
+def test_a_segment_freed_before_the_pool_took_its_address_does_not_count() -> None:
+    """A compile-time timing graph's pool had a segment at B, freed before the graph's pool took a
+    segment at the same address: its growth and its live bytes are not the pool's."""
+    snap = _snapshot()
+    old_life = [
+        {"action": "segment_alloc", "addr": B, "size": 32 * MiB, "stream": 9},
+        {"action": "alloc", "addr": B, "size": 25 * MiB, "stream": 9},
+        {"action": "alloc", "addr": B + 25 * MiB, "size": 5 * MiB, "stream": 9},
+        {"action": "free_completed", "addr": B, "size": 25 * MiB, "stream": 9},
+        {"action": "segment_free", "addr": B, "size": 32 * MiB, "stream": 9},  # its other block: history lost
+    ]
+    snap["device_traces"] = [old_life + snap["device_traces"][0]]
+    (pool,) = pool_growth(snap)
+    assert [g.size for g in pool.growth] == [20 * MiB, 30 * MiB]
+    assert pool.peak_live == 40 * MiB and pool.growth[1].live == 10 * MiB

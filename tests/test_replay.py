@@ -125,6 +125,11 @@ def test_standard_loop_replays_forward_and_backward(build: Callable[[], nn.Modul
     forward, backward = graphs["forward"].graph, graphs["backward"].graph
     assert backward is not None and backward.source is forward and backward.taken, graphs["backward"].explain(False)
     assert forward is not None and forward.sharers == [backward] and not forward.owners
+    # the logits the forward copies out: their buffer went back to the pool (emulated: poisoned at
+    # every replay of the backward, after the forward copied out of it), and eager's results matched
+    assert [o.kind for o in forward.outputs].count("copy") >= 1
+    if device.type == "cpu":
+        assert forward.released and all(t.isnan().all() for t in forward.released if t.is_floating_point())
 
 
 def test_guards_are_what_keeps_a_shared_pool_right(config: streamfuse.Config, device: torch.device,

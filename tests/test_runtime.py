@@ -406,6 +406,33 @@ def test_a_donated_input_is_released_after_its_last_reader(config) -> None:  # t
     torch.testing.assert_close(out[1], y)
 
 
+def test_the_memory_probe_counts_donated_inputs_until_released(config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Executable.run's `probe` (Config.training_pool_reserve sizes a capture's first block with it):
+    after each step, the allocator's bytes plus the donated inputs not yet released, a storage
+    counted once while any of its slots is live. The allocator's count is stubbed (no GPU here), so
+    what is left is the donated bytes; the run's results stay eager's."""
+    def f(x: torch.Tensor, v: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(x) * 2
+        b = torch.sin(a) + v.sum()
+        return torch.cos(b) * y.sum()
+
+    x, y = randn(4, 8), randn(3, 5)
+    compiled = streamfuse.compile(f, (x, x[1:], y), config.replace(fuse=False))
+    exe = compiled.base
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1000)
+    x_slot, v_slot, _ = exe.input_slots
+    last = {s: max(i for i, st in enumerate(exe.steps) for n in st.group.nodes for a in n.input_nodes()
+                   if exe.slot[a] == s) for s in (x_slot, v_slot)}
+    xs = x.clone()
+    inputs, probe = [xs, xs[1:], y.clone()], []
+    out = exe.run(inputs, donate=frozenset({0, 1}), probe=probe)
+    assert inputs == [None, None, inputs[2]] and len(probe) == len(exe.steps)
+    # x and its view v share one storage: counted once, until the later of their last readers
+    x_bytes = xs.untyped_storage().nbytes()
+    assert probe == [1000 + (x_bytes if i <= max(last.values()) else 0) for i in range(len(exe.steps))]
+    torch.testing.assert_close(out[0], f(x, x[1:], y))
+
+
 def test_host_scalars_beside_device_tensors() -> None:
     """A 0-dim CPU tensor beside device tensors (SDPA's host Philox seed, a generation step's host
     integer) does not make the plan a CPU plan, and a call moves it to the plan's device by value

@@ -284,6 +284,15 @@ class Config:
     once the backward's gradients are no longer referenced; where they stay referenced into the next
     forward (gradient accumulation), both graphs are recorded again with separate pools. Off: separate
     pools from the start (peak memory holds all saved activations and all gradients at once)."""
+    training_pool_reserve: bool = True
+    """A training graph recorded on one stream first takes one block of its pool as large as the
+    most memory its recording will hold at once (counted in its warm-up run: the allocator's bytes
+    after each step, plus the copied and taken-over inputs not yet released), and frees it, so
+    its buffers are cut from that one block, whose freed parts merge again. Without it every large
+    buffer that finds no free block gets a segment of its own, and free blocks of different segments
+    never merge (run 137: resnet50's pool held 3466 MiB of segments for a peak of 2924 MiB live;
+    PERF.md, session 35). A backward recorded into its forward's pool takes only what its peak
+    needs beyond the forward's block."""
     max_specializations: int = 8
     """A call whose input shapes (beyond a batch that pads to a bucket) or dtypes differ from the
     compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model

@@ -62,14 +62,15 @@ def pool_growth(snapshot: Mapping[str, Any], device: int = 0) -> list[PoolGrowth
                       key=lambda s: s["address"])
     starts = [s["address"] for s in segments]
 
-    def pool_of(addr: int) -> tuple[int, int] | None:
+    def segment_of(addr: int) -> Mapping[str, Any] | None:
         k = bisect.bisect_right(starts, addr) - 1
-        if k < 0:
+        if k < 0 or addr >= segments[k]["address"] + segments[k]["total_size"]:
             return None
-        s = segments[k]
-        if addr >= s["address"] + s["total_size"]:
-            return None
-        pid = tuple(s.get("segment_pool_id", (0, 0)))
+        return segments[k]
+
+    def pool_of(addr: int) -> tuple[int, int] | None:
+        s = segment_of(addr)
+        pid = tuple(s.get("segment_pool_id", (0, 0))) if s is not None else (0, 0)
         return None if pid == (0, 0) else (int(pid[0]), int(pid[1]))
 
     pools: dict[tuple[int, int], PoolGrowth] = {}
@@ -82,6 +83,9 @@ def pool_growth(snapshot: Mapping[str, Any], device: int = 0) -> list[PoolGrowth
         p.by_stream[s.get("stream", 0)] = p.by_stream.get(s.get("stream", 0), 0) + s["total_size"]
     traces = snapshot.get("device_traces", [])
     events = traces[device] if device < len(traces) else []
+    # the memory of a segment now may have been another segment before (of a pool since freed: a
+    # compile-time timing graph's): only what happened since the segment now there was allocated counts
+    born = {e.get("addr", 0): k for k, e in enumerate(events) if e.get("action") == "segment_alloc"}
     live: dict[int, tuple[int, tuple[int, int]]] = {}  # addr -> (size, pool)
     live_in: dict[tuple[int, int], int] = dict.fromkeys(pools, 0)
     reserved: dict[tuple[int, int], int] = dict.fromkeys(pools, 0)
@@ -89,10 +93,13 @@ def pool_growth(snapshot: Mapping[str, Any], device: int = 0) -> list[PoolGrowth
     # a block stays allocated until its free completes (after the streams that used it); a history
     # without completions frees at the request
     free_action = "free_completed" if any(e.get("action") == "free_completed" for e in events) else "free_requested"
-    for e in events:
+    for k, e in enumerate(events):
         action, addr, size = e.get("action"), e.get("addr", 0), e.get("size", 0)
         pid = pool_of(addr)
         if pid is None or pid not in pools:
+            continue
+        seg = segment_of(addr)
+        if seg is not None and k < born.get(seg["address"], -1):
             continue
         if action == "segment_alloc":
             g = Growth(size, e.get("stream", 0), live_in[pid], reserved[pid] - live_in[pid], 0, _where(e.get("frames")))

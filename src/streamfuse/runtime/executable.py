@@ -6,6 +6,7 @@ plan fusion -> generate kernels -> assign streams -> tune tiles -> lay out steps
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import time
@@ -354,7 +355,7 @@ class Executable:
             step.refresh()
 
     def run(self, inputs: Sequence[Any], keep_alive: list[Any] | None = None, one_stream: bool = False,
-            donate: frozenset[int] = frozenset()) -> list[Any]:
+            donate: frozenset[int] = frozenset(), probe: list[int] | None = None) -> list[Any]:
         """Run once on already-checked inputs; returns the flat outputs. With `keep_alive` (a list),
         no buffer is released during the run and every buffer is appended to it (CUDA-graph capture:
         memory is then never reused within the graph, whatever stream reads it). `one_stream`
@@ -364,12 +365,16 @@ class Executable:
         positions are set to None in it (the caller hands its reference over: a training graph's
         copied inputs, whose landing buffers later kernels of its capture reuse). An input that is
         also an output is kept. Runs without autograd: the generated kernels record no graph, so
-        results that carried one only through the ATen steps would give partial gradients."""
+        results that carried one only through the ATen steps would give partial gradients.
+        `probe` (a list; CUDA, plan order on the current stream): after each step, the device's
+        allocated bytes plus the bytes of donated inputs not yet released are appended to it (the
+        donated inputs stay the caller's: the run only drops its references), so that max(probe)
+        less the allocated bytes before the run is what a capture of this run holds at most."""
         with torch.no_grad():
-            return self._run(inputs, keep_alive, one_stream, donate)
+            return self._run(inputs, keep_alive, one_stream, donate, probe)
 
     def _run(self, inputs: Sequence[Any], keep_alive: list[Any] | None, one_stream: bool,
-             donate: frozenset[int] = frozenset()) -> list[Any]:
+             donate: frozenset[int] = frozenset(), probe: list[int] | None = None) -> list[Any]:
         if self.converted_weights:
             self.refresh_weights()
         if self.rng is not None:
@@ -379,13 +384,16 @@ class Executable:
             env[s] = t
         for s, t in self.constants:
             env[s] = t
+        inputs_at = list(inputs) if probe is not None else []
         if donate:
             assert isinstance(inputs, list) and keep_alive is None, "donated inputs need a list and releases"
             for i in donate:
                 inputs[i] = None
-        multi = self.stream_runner is not None and not one_stream
+        multi = self.stream_runner is not None and not one_stream and probe is None
         releases = self.donating(donate, multi) if donate else None
-        if multi:
+        if probe is not None:
+            self._probed(env, releases or self.release, probe, {self.input_slots[i]: inputs_at[i] for i in donate})
+        elif multi:
             assert self.stream_runner is not None
             self.stream_runner.run(env, keep_alive is None, releases)
         else:
@@ -404,6 +412,24 @@ class Executable:
         if keep_alive is not None:
             keep_alive.extend(t for t in env if t is not None)
         return results
+
+    def _probed(self, env: list[Any], releases: list[list[int]], probe: list[int], donated: dict[int, Any]) -> None:
+        """The steps in plan order, with the memory count of `run`'s `probe` after each. `donated`:
+        slot -> the caller's tensor; a storage counts until the last slot on it is released."""
+        of_slot = {s: t.untyped_storage().data_ptr() for s, t in donated.items() if isinstance(t, torch.Tensor)}
+        size = {of_slot[s]: t.untyped_storage().nbytes() for s, t in donated.items() if s in of_slot}
+        holders = collections.Counter(of_slot.values())
+        live = sum(size.values())
+        allocated = torch.cuda.memory_allocated
+        for step, release in zip(self.steps, releases, strict=True):
+            step.run(env)
+            probe.append(allocated(self.device) + live)
+            for s in release:
+                env[s] = None
+                ptr = of_slot.pop(s, None)
+                if ptr is not None:
+                    holders[ptr] -= 1
+                    live -= size[ptr] if holders[ptr] == 0 else 0
 
     @property
     def release_waits(self) -> int:

@@ -82,6 +82,8 @@ class PinnedGraph:
         writes, so it replays only while none of theirs is referenced (busy)."""
         self.retired = False
         """Replaced by a recording with a pool of its own: a backward that took its memory records again."""
+        self.reserved = 0
+        """Bytes of the block the capture took first in its pool (Config.training_pool_reserve), or 0."""
         self.taken: list[int] = []
         if source is not None and source.owners:
             self.taken = [i for i in self.pinned_at if args[i].untyped_storage().data_ptr() in source.owners]
@@ -109,13 +111,29 @@ class PinnedGraph:
             self.source.sharers.append(self)
 
     def _offer(self) -> None:
-        """Keep the owning tensors of the handed-out buffers aside and hand out ones that own nothing."""
-        pool = [o for o in self.outputs if o.kind == "pool"]
-        for o, view in zip(pool, unowned([o.value for o in pool]), strict=True):
-            self.owners.setdefault(o.value.untyped_storage().data_ptr(), o.value)
+        """Keep the owning tensors of the handed-out buffers aside and hand out ones that own nothing.
+        The buffers copied out on every replay go back to the pool: this graph keeps views that own
+        nothing and copies out of them right after each replay, so a backward recorded into the pool
+        may put its buffers there (GPT-2's logits, 196 MiB, held twice before: copied out, and
+        reserved in the pool beside the backward's landing buffer for the logits' gradient). A
+        forward replays only while no buffer of such a backward is referenced (busy), as for the
+        saved activations' memory."""
+        kept = [o for o in self.outputs if o.kind in ("pool", "copy")]
+        released = []
+        for o, view in zip(kept, unowned([o.value for o in kept]), strict=True):
+            if o.kind == "pool":
+                self.owners.setdefault(o.value.untyped_storage().data_ptr(), o.value)
+            else:
+                released.append(o.value)
             o.value = view
+        self._release(released)
         if self.owners:
             _OFFERS.add(self)
+
+    def _release(self, owners: list[torch.Tensor]) -> None:
+        """Let go of the owning tensors of buffers this graph keeps views of (their memory goes back
+        to the graph's pool, which keeps it reserved while the graph lives)."""
+        owners.clear()
 
     def busy(self) -> str | None:
         """Why this graph may not replay now: "held" (its previous outputs are referenced), "sharer"
@@ -141,12 +159,15 @@ class PinnedGraph:
         out (saved activations or gradients; distinct storages) and those it copies out of on every
         replay; and the bytes its copied inputs land in, inside the pool (free between replays).
         `shares_pool`: forward and backward share one pool (Config.training_shared_pool), so the
-        forward's handed-out bytes lie in blocks the backward's buffers reuse once it has read them."""
+        forward's handed-out bytes lie in blocks the backward's buffers reuse once it has read them.
+        `reserved_block`: the block the capture took first in the pool (Config.training_pool_reserve;
+        0 or less: none, the source forward's block was large enough)."""
         return {"handed_out": storage_bytes([o.value for o in self.outputs if o.kind == "pool"]),
                 "copied_out": storage_bytes([o.value for o in self.outputs if o.kind == "copy"]),
                 "input_buffers": storage_bytes(self.buffers),
                 "inputs_read_in_place": len(self.pinned_at), "inputs_copied": len(self.copied_at),
-                "shares_pool": int(bool(self.sharers or self.source))}
+                "shares_pool": int(bool(self.sharers or self.source)),
+                "reserved_block": self.reserved - (self.source.reserved if self.source is not None else 0)}
 
     def _record(self, args: list[Any]) -> list[Any]:
         """Capture the plan into self.graph (its own pool); the captured outputs. The warm-up reads
@@ -155,13 +176,22 @@ class PinnedGraph:
         caller = torch.cuda.current_stream(exe.device)
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
+        probe = [] if exe.config.training_pool_reserve and exe.stream_runner is None else None
         with torch.cuda.stream(warm):  # loads every kernel outside capture
-            exe.run(args)
+            before = torch.cuda.memory_allocated(exe.device) if probe is not None else 0
+            exe.run(list(args), donate=frozenset(self.copied_at + self.taken) if probe is not None else frozenset(),
+                    probe=probe)
         caller.wait_stream(warm)
+        if probe:
+            self.reserved = self._reserve_size(max(probe) - before)
         self.graph = torch.cuda.CUDAGraph()
         self.pool = self.source.pool if self.source is not None else torch.cuda.graph_pool_handle()
         # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
         with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=self.pool):
+            extra = self.reserved - (self.source.reserved if self.source is not None else 0)
+            if extra > 0:  # one block, freed at once: the capture's buffers are cut from it
+                del_block = torch.empty(extra, dtype=torch.uint8, device=exe.device)
+                del del_block
             staged, landing = self._landing_buffers(args)
             if self.source is not None:
                 self._take(staged, args)
@@ -170,6 +200,13 @@ class PinnedGraph:
             storage = torch._C._construct_storage_from_data_pointer(ptr, t.device, nbytes)  # type: ignore[attr-defined]
             self.buffers.append(on_storage(storage, t, offset))
         return outputs
+
+    @staticmethod
+    def _reserve_size(peak: int) -> int:
+        """The block to take for a capture holding `peak` bytes at most (Config.training_pool_reserve):
+        whole 2 MiB pages, as the allocator rounds large segments; none under 16 MiB."""
+        page = 2 << 20
+        return 0 if peak < 8 * page else -(-peak // page) * page
 
     def _landing_buffers(self, args: list[Any]) -> tuple[list[Any], list[tuple[torch.Tensor, tuple[int, int, int]]]]:
         """The capture's inputs: the caller's tensors read in place, and for each copied input a buffer
