@@ -308,7 +308,9 @@ class Config:
     """An input the graph updates in place (an optimizer's parameters and states, through the
     torch.compile backend) is written by the kernel that computes its new value, where nothing can
     read the old value afterwards (runtime/writeback.py); False copies every update
-    over its input at the end of the call."""
+    over its input at the end of the call. Also: a scatter (index_put, index_copy) into a buffer
+    the same call fills and nothing else reads (the embedding backward's full + index_put) updates
+    that buffer in place instead of a copy of it."""
     reuse_outputs: bool = False
     """True returns the graph's own output buffers (zero-copy), overwritten by the next call;
     False (default) returns fresh tensors."""

@@ -34,7 +34,7 @@ from streamfuse.runtime.inputs import BadInput, move_cpu_scalars, raise_bad_inpu
 from streamfuse.runtime.precompile import precompile
 from streamfuse.runtime.steps import ChannelsLastConvStep, HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
-from streamfuse.runtime.writeback import store_in_place
+from streamfuse.runtime.writeback import scatter_into_fresh, store_in_place
 from streamfuse.schedule.cost import group_bytes, group_flops
 from streamfuse.schedule.plan import StreamSchedule, schedule_steps
 from streamfuse.tune.ceilings import DeviceCeilings, builtin_for, ceilings_for
@@ -172,6 +172,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
     in_place = store_in_place(plan, steps, graph, slot) if config.store_in_place else set()  # runtime/writeback.py
+    if config.store_in_place:
+        scatter_into_fresh(plan, steps, graph, schedule.stream_of)
     mark_pdl_launches(steps, schedule, config.pdl_beside_others, config.pdl_after_convolutions)
     clock.lap("steps")
     # 7. the generated kernels compiled ahead of the first call, several at once

@@ -83,6 +83,45 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
     return done
 
 
+def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: dict[int, int]) -> int:
+    """ATen scatters (index_put, index_copy) whose argument 0 is a buffer this call fills (a `full`:
+    the embedding backward's decomposition is full + index_put with accumulate) and nothing else
+    reads, not a graph output: their in-place overload updates that buffer, where the functional
+    form allocates a second one and copies the first into it (GPT-2's tied word-embedding gradient:
+    147 MiB, twice, in the backward's pool, and a copy of it on every call). Returns how many.
+    The scatter's other arguments cannot read the buffer: it has no other reader, no view taken.
+    Only where the buffer is made on the scatter's stream (`stream_of`: step index -> stream): the
+    result lives in the buffer's memory, which the caching allocator ties to the stream it was
+    allocated on, and the stream plan's releases assume the scatter's."""
+    outputs = set(map(id, graph.outputs))
+    owner = {n: i for i, g in enumerate(plan.groups) for n in g.nodes}
+    done = 0
+    for i, step in enumerate(steps):
+        if not isinstance(step, NodeStep):
+            continue
+        for c in step.calls:
+            src = c.node
+            if src.op not in _IN_PLACE or not src.args or not isinstance(src.args[0], Node):
+                continue
+            dst = src.args[0]
+            if dst.op not in _FRESH or dst.users != [src] or id(dst) in outputs or dst not in owner:
+                continue
+            if stream_of.get(owner[dst], 0) != stream_of.get(i, 0):
+                continue
+            if src.shape != dst.shape or src.dtype != dst.dtype or src.strides != dst.strides:
+                continue
+            c.target = _IN_PLACE[src.op]  # returns the buffer itself, updated
+            done += 1
+    if done:
+        graph.notes.append(f"{done} scatter(s) (index_put, index_copy) into a buffer filled in the same call run "
+                           "in place: no second buffer, no copy")
+    return done
+
+
+_FRESH = frozenset({"aten.full.default", "aten.zeros.default", "aten.new_zeros.default", "aten.zeros_like.default",
+                    "aten.full_like.default", "aten.new_full.default"})
+"""Ops whose result is a new buffer of their own (filled with a value): nothing else can see it."""
+
 _IN_PLACE = {"aten.index_put.default": torch.ops.aten.index_put_.default,
              "aten.index_copy.default": torch.ops.aten.index_copy_.default}
 """Functional scatters (a copy of argument 0, updated) and their in-place overloads."""
