@@ -543,3 +543,18 @@ def test_an_output_where_a_taken_input_was_is_the_graphs_own() -> None:
     assert [k.kind for k in kinds] == ["pool", "alias"], kinds
     fake.taken = []  # without the exclusion the gradient reads as a view of the input
     assert pinned_module.PinnedGraph._classify(fake, [gradient], [taken, parameter], set())[0].kind == "alias"
+
+
+def test_the_first_block_of_a_recording() -> None:
+    """Config.training_pool_reserve: whole 2 MiB pages of the probed peak, none under 16 MiB; a
+    backward recorded into its forward's pool takes only what the forward's block does not hold."""
+    size = pinned_module.PinnedGraph._reserve_size
+    mib = 2**20
+    assert size(15 * mib) == 0 and size(16 * mib) == 16 * mib and size(16 * mib + 1) == 18 * mib
+    forward = object.__new__(pinned_module.PinnedGraph)
+    forward.reserved, forward.source = 692 * mib, None
+    backward = object.__new__(pinned_module.PinnedGraph)
+    backward.reserved, backward.source = 706 * mib, forward
+    assert forward.first_block() == 692 * mib and backward.first_block() == 14 * mib
+    backward.reserved = 600 * mib
+    assert backward.first_block() < 0  # the forward's block holds it: no second block

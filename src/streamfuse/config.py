@@ -290,9 +290,9 @@ class Config:
     after each step, plus the copied and taken-over inputs not yet released), and frees it, so
     its buffers are cut from that one block, whose freed parts merge again. Without it every large
     buffer that finds no free block gets a segment of its own, and free blocks of different segments
-    never merge (run 137: resnet50's pool held 3466 MiB of segments for a peak of 2924 MiB live;
-    PERF.md, session 35). A backward recorded into its forward's pool takes only what its peak
-    needs beyond the forward's block."""
+    never merge (runs 139-140: resnet50's pool 2808 MiB of segments with it, 3464 without, for a
+    peak of 2673 MiB live; PERF.md, session 35). A backward recorded into its forward's pool takes
+    only what its peak needs beyond the forward's block."""
     max_specializations: int = 8
     """A call whose input shapes (beyond a batch that pads to a bucket) or dtypes differ from the
     compiled ones gets a plan of its own, built on first use (streamfuse.compile captures the model

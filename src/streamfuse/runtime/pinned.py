@@ -167,7 +167,12 @@ class PinnedGraph:
                 "input_buffers": storage_bytes(self.buffers),
                 "inputs_read_in_place": len(self.pinned_at), "inputs_copied": len(self.copied_at),
                 "shares_pool": int(bool(self.sharers or self.source)),
-                "reserved_block": self.reserved - (self.source.reserved if self.source is not None else 0)}
+                "reserved_block": self.first_block()}
+
+    def first_block(self) -> int:
+        """Bytes of the block the capture takes first in its pool: its probed peak (`reserved`) less
+        the block its source forward took, which the pool already holds; 0 or less: none."""
+        return self.reserved - (self.source.reserved if self.source is not None else 0)
 
     def _record(self, args: list[Any]) -> list[Any]:
         """Capture the plan into self.graph (its own pool); the captured outputs. The warm-up reads
@@ -188,10 +193,10 @@ class PinnedGraph:
         self.pool = self.source.pool if self.source is not None else torch.cuda.graph_pool_handle()
         # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
         with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=self.pool):
-            extra = self.reserved - (self.source.reserved if self.source is not None else 0)
+            extra = self.first_block()
             if extra > 0:  # one block, freed at once: the capture's buffers are cut from it
-                del_block = torch.empty(extra, dtype=torch.uint8, device=exe.device)
-                del del_block
+                block = torch.empty(extra, dtype=torch.uint8, device=exe.device)
+                del block
             staged, landing = self._landing_buffers(args)
             if self.source is not None:
                 self._take(staged, args)
