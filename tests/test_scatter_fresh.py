@@ -65,3 +65,15 @@ def test_a_buffer_read_elsewhere_keeps_its_copy(other_reader: bool, config: stre
     compiled = streamfuse.compile(f, (idx, v, s), config.replace(fold_constants=False))
     torch.testing.assert_close(compiled(idx, v, s), f(idx, v, s), rtol=1e-6, atol=1e-6)
     assert bool(_in_place_scatters(compiled.base)) is not other_reader
+
+
+def test_a_buffer_that_is_also_the_scatters_source_keeps_its_copy(config: streamfuse.Config) -> None:
+    """index_put(z, [idx], z) reads z as its values too: in place, the update would read itself."""
+    def f(idx: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        z = torch.zeros(4, 4, device=s.device)
+        return torch.ops.aten.index_put.default(z, [idx], z, True) + s
+
+    idx, s = torch.tensor([0, 1, 2, 3]), torch.randn(4, 4)
+    compiled = streamfuse.compile(f, (idx, s), config.replace(fold_constants=False))
+    torch.testing.assert_close(compiled(idx, s), f(idx, s))
+    assert not _in_place_scatters(compiled.base)

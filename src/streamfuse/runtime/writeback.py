@@ -110,6 +110,8 @@ def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: d
                 continue
             if src.shape != dst.shape or src.dtype != dst.dtype or src.strides != dst.strides:
                 continue
+            if any(a is dst for a in iter_nodes((src.args[1:], tuple(src.kwargs.values())))):
+                continue  # the buffer is also the scatter's source (one user, read twice)
             c.target = _IN_PLACE[src.op]  # returns the buffer itself, updated
             done += 1
     if done:
