@@ -266,3 +266,18 @@ def test_stream_runner_on_fake_streams_issues_every_step_and_the_plans_waits(mon
     assert waits == exe.schedule.events + plan.added_waits
     released = {s for slots in [*plan.before.values(), *plan.after.values(), plan.at_end] for s in slots}
     assert released and all(env[s] is None for s in released)
+
+
+def test_one_added_wait_per_step_and_reading_stream() -> None:
+    """Two large buffers of the caller's stream, read on stream 1 by its first and second launch:
+    the caller's next launch needs only a wait for the second (stream order covers the first)."""
+    # 0, 1 on the caller's stream make slots 0 and 1; 2 (reads 0), 3 (reads 1) and 4 on stream 1;
+    # 5 on the caller's stream reads neither
+    order = [0, 1, 2, 3, 4, 5]
+    stream = {0: CALLER, 1: CALLER, 2: 1, 3: 1, 4: 1, 5: CALLER}
+    readers = {0: [2], 1: [3]}
+    releases = [[], [], [0], [1], [], []]
+    plan = plan_releases(order, stream, set(order), {2: [0], 3: [1]}, [1], CALLER, readers,
+                         {0: CALLER, 1: CALLER}, {0: 8 << 20, 1: 8 << 20}, releases, 1 << 20)
+    assert plan.waits == {5: [3]} and plan.record_events == {3}
+    assert sorted(plan.before[5]) == [0, 1]

@@ -68,14 +68,13 @@ def pool_growth(snapshot: Mapping[str, Any], device: int = 0) -> list[PoolGrowth
             return None
         return segments[k]
 
-    def pool_of(addr: int) -> tuple[int, int] | None:
-        s = segment_of(addr)
+    def pool_of(s: Mapping[str, Any] | None) -> tuple[int, int] | None:
         pid = tuple(s.get("segment_pool_id", (0, 0))) if s is not None else (0, 0)
         return None if pid == (0, 0) else (int(pid[0]), int(pid[1]))
 
     pools: dict[tuple[int, int], PoolGrowth] = {}
     for s in segments:
-        pid = pool_of(s["address"])
+        pid = pool_of(s)
         if pid is None:
             continue
         p = pools.setdefault(pid, PoolGrowth(pid, 0, 0))
@@ -95,11 +94,9 @@ def pool_growth(snapshot: Mapping[str, Any], device: int = 0) -> list[PoolGrowth
     free_action = "free_completed" if any(e.get("action") == "free_completed" for e in events) else "free_requested"
     for k, e in enumerate(events):
         action, addr, size = e.get("action"), e.get("addr", 0), e.get("size", 0)
-        pid = pool_of(addr)
-        if pid is None or pid not in pools:
-            continue
         seg = segment_of(addr)
-        if seg is not None and k < born.get(seg["address"], -1):
+        pid = pool_of(seg)
+        if seg is None or pid is None or pid not in pools or k < born.get(seg["address"], -1):
             continue
         if action == "segment_alloc":
             g = Growth(size, e.get("stream", 0), live_in[pid], reserved[pid] - live_in[pid], 0, _where(e.get("frames")))

@@ -182,10 +182,10 @@ class PinnedGraph:
         warm = torch.cuda.Stream(device=exe.device)
         warm.wait_stream(caller)
         probe = [] if exe.config.training_pool_reserve and exe.stream_runner is None else None
+        donate = frozenset(self.copied_at + self.taken)  # what the capture releases after its last reader
         with torch.cuda.stream(warm):  # loads every kernel outside capture
             before = torch.cuda.memory_allocated(exe.device) if probe is not None else 0
-            exe.run(list(args), donate=frozenset(self.copied_at + self.taken) if probe is not None else frozenset(),
-                    probe=probe)
+            exe.run(list(args), donate=donate if probe is not None else frozenset(), probe=probe)
         caller.wait_stream(warm)
         if probe:
             self.reserved = self._reserve_size(max(probe) - before)
@@ -200,7 +200,7 @@ class PinnedGraph:
             staged, landing = self._landing_buffers(args)
             if self.source is not None:
                 self._take(staged, args)
-            outputs = exe.run(staged, donate=frozenset(self.copied_at + self.taken))
+            outputs = exe.run(staged, donate=donate)
         for t, (ptr, nbytes, offset) in landing:
             storage = torch._C._construct_storage_from_data_pointer(ptr, t.device, nbytes)  # type: ignore[attr-defined]
             self.buffers.append(on_storage(storage, t, offset))

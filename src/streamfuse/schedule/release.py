@@ -127,6 +127,12 @@ def plan_releases(order: Sequence[int], stream: Mapping[int, int], launching: Co
         for r in readers.get(slot, ()):
             if r in launching and stream[r] != a:
                 plan.record.setdefault(r, []).append(slot)
-    for w in plan.waits.values():  # one wait per step and stream is enough: the latest covers the rest
-        w.sort()
+    # one wait per step and reading stream is enough: the latest launch on that stream follows the rest
+    for i, w in plan.waits.items():
+        latest: dict[int, int] = {}
+        for r in w:
+            if seq[r] > seq.get(latest.get(stream[r], -1), 0):
+                latest[stream[r]] = r
+        plan.waits[i] = sorted(latest.values())
+    plan.record_events = {r for w in plan.waits.values() for r in w}
     return plan
