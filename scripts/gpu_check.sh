@@ -11,7 +11,7 @@
 #                       [s31-tests] [models-cl] [kprof-sq] [swin-red] [models-b1red] [kprof-shuffle]
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [s34-replay] [s34-train-r50] [s34-r50-1s] [s34-train] [s34-train-1s] [s34-train-2s]
-#                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train]
+#                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train] [s36-va] [s36-vb] [s36-vc] [s36-vd] [s36-train-check] [s36-train-amp]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -41,7 +41,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-vd.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -263,6 +263,24 @@ step s35-pools 300 python3 benchmarks/pool_history.py --models resnet50,bert-bas
 # next: the same without the first block (Config.training_pool_reserve), and the step with it
 step s35-pools-off 300 python3 benchmarks/pool_history.py --models resnet50,bert-base,gpt2 --steps 8 \
   --set training_pool_reserve=False
+# session 36: the whole suite at batch 1 through both entry points, beside eager only (the suite check
+# after sessions 34-35's runtime changes; compile-ro's slow cold compiles left out to fit two calls)
+MODES_SF=eager,streamfuse,sf-backend
+step s36-va 560 streamfuse bench --suite models --models resnet50,googlenet,inception,mobilenet_v2,mobilenet_v3,efficientnet,squeezenet,shufflenet,densenet,regnet,convnext \
+  --batch 1 --dtype float32 --modes $MODES_SF --reps 10 --out "$OUT/s36-va"
+step s36-vb 560 streamfuse bench --suite models --models vit_b,swin,gpt2,distilbert,bert-base,roberta,t5-small,llama \
+  --batch 1 --dtype float32 --modes $MODES_SF --reps 10 --out "$OUT/s36-vb"
+# training correctness over the suite through the backend (benchmarks/train_check.py), the models never
+# trained on the GPU first
+step s36-train-check 560 python3 benchmarks/train_check.py --json "$OUT/s36-train-check.json" \
+  --models "googlenet,inception_v3,mobilenet_v2,mobilenet_v3_large,efficientnet_b0,densenet121,shufflenet_v2_x1_0,regnet_y_400mf,convnext_tiny,swin_t,vit_b_16,distilbert,t5-small encoder,llama gqa,roberta-base,squeezenet1_1,mobilenet_v3_small,resnet50,bert-base,gpt2 prefill"
+# the same under bfloat16 autocast (mixed-precision training), and shufflenet_v2 at batch 1 (cut off in s36-va)
+step s36-train-amp 560 python3 benchmarks/train_check.py --autocast bfloat16 --json "$OUT/s36-train-amp.json" \
+  --models "googlenet,inception_v3,mobilenet_v2,efficientnet_b0,densenet121,shufflenet_v2_x1_0,regnet_y_400mf,convnext_tiny,swin_t,vit_b_16,resnet50,bert-base,gpt2 prefill,llama gqa,t5-small encoder"
+step s36-vd 200 streamfuse bench --suite models --models shufflenet --batch 1 --dtype float32 --modes $MODES_SF \
+  --reps 10 --out "$OUT/s36-vd"
+step s36-vc 560 streamfuse bench --suite models --models regnet,convnext --batch 1 --dtype float32 --modes $MODES_SF \
+  --reps 10 --out "$OUT/s36-vc"
 step s35-train 330 python3 benchmarks/training.py --models gpt2,bert-base,resnet50 --modes eager,compile,streamfuse \
   --steps 10 --history --json "$OUT/s35-train.json"
 step s32b-tests 90 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_conv_input.py \
@@ -340,12 +358,13 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/compile-bf16.txt" ] && grep -E "s =|first compile|Error" "$OUT/compile-bf16.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 for f in s30-tests dense32-compile s30-replay; do [ -f "$OUT/$f.txt" ] && tail -12 "$OUT/$f.txt"; done
-for f in models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-dense models-dense2 models-cl models-b1red models-text1 models-shuf models-tp6; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
+for f in s36-va s36-vb s36-vc s36-vd models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-dense models-dense2 models-cl models-b1red models-text1 models-shuf models-tp6; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
 [ -f "$OUT/kprof-s30.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-s30.txt" | tail -60
 [ -f "$OUT/s31-tests.txt" ] && tail -8 "$OUT/s31-tests.txt"
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
+for f in s36-train-check s36-train-amp; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"
 [ -f "$OUT/kprof-gpt2d.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-gpt2d.txt" | tail -40
 [ -f "$OUT/kprof-sq.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-sq.txt" | tail -32

@@ -1,0 +1,63 @@
+"""benchmarks/train_check.py, the suite's training check through the backend: it passes a correct
+run, and it fails one whose compiled copy trains at other weights (its lockstep broken)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import streamfuse
+
+pytest.importorskip("transformers")
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load() -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("train_check", BENCH / "train_check.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def train_check() -> ModuleType:
+    return _load()
+
+
+def _spec(tc: ModuleType, name: str) -> object:
+    return next(s for s in tc.MODELS if s.name == name)
+
+
+def test_passes_a_correct_run(train_check: ModuleType) -> None:
+    row = train_check.check(_spec(train_check, "distilbert"), True, torch.device("cpu"), calls=3,
+                            config=streamfuse.Config(executor="reference"))
+    assert "error" not in row, row.get("error")
+    assert len(row["steps"]) == 3
+    assert row["grad_err_fp64"] < 1e-3 and row["loss_err"] < 1e-4
+
+
+def test_fails_a_run_at_other_weights(train_check: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled copy keeps its first weights (as a plan reading stale parameters would): from the
+    second step its gradients are not eager's at the same weights, and the check says so."""
+    load = train_check.Run.load
+
+    def stale(self: object, state: dict[str, torch.Tensor]) -> None:
+        if getattr(self, "fn", None) is getattr(self, "model", None):  # the eager copies follow
+            load(self, state)
+
+    monkeypatch.setattr(train_check.Run, "load", stale)
+    row = train_check.check(_spec(train_check, "distilbert"), True, torch.device("cpu"), calls=2,
+                            config=streamfuse.Config(executor="reference"))
+    assert "error" in row and "step 2" in row["error"]
+    assert row["steps"][0]["grad_err_fp64"] < 1e-3
