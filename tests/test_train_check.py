@@ -44,7 +44,8 @@ def test_passes_a_correct_run(train_check: ModuleType) -> None:
                             config=streamfuse.Config(executor="reference"))
     assert "error" not in row, row.get("error")
     assert len(row["steps"]) == 3
-    assert row["grad_err_fp64"] < 1e-3 and row["loss_err"] < 1e-4
+    assert row["float32_grad"] < 1e-3 and row["float32_loss"] < 1e-4
+    assert row["float64_grad"] < 1e-9 and row["float64_state"] < 1e-9
 
 
 def test_fails_a_run_at_other_weights(train_check: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,5 +60,5 @@ def test_fails_a_run_at_other_weights(train_check: ModuleType, monkeypatch: pyte
     monkeypatch.setattr(train_check.Run, "load", stale)
     row = train_check.check(_spec(train_check, "distilbert"), True, torch.device("cpu"), calls=2,
                             config=streamfuse.Config(executor="reference"))
-    assert "error" in row and "step 2" in row["error"]
-    assert row["steps"][0]["grad_err_fp64"] < 1e-3
+    assert "error" in row and "step 2: the backend in float64 is off" in row["error"]
+    assert row["steps"][0]["float64"]["grad"] < 1e-9 and row["steps"][1]["float64"]["grad"] > 1e-3
