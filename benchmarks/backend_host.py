@@ -60,6 +60,11 @@ def measure(name: str, profile: bool = False, layers: bool = False) -> None:
     torch._dynamo.reset()
     backend = torch.compile(model, backend="streamfuse")
     row("backend=streamfuse", lambda: backend(x))
+    outputs_copied("streamfuse.compile", [sf])
+    from streamfuse.capture.backend import StaticParamsGraph, compiled_graphs
+
+    outputs_copied("backend=streamfuse", [g.compiled for g in compiled_graphs
+                                           if isinstance(g, StaticParamsGraph) and g.compiled is not None])
     with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
         row("  same, guards skipped", lambda: backend(x))
     if profile:
@@ -69,6 +74,14 @@ def measure(name: str, profile: bool = False, layers: bool = False) -> None:
         layer_times("backend=streamfuse", lambda: backend(x))
         layer_times("streamfuse.compile", lambda: sf(x))
     torch._dynamo.reset()
+
+
+def outputs_copied(label: str, plans: list[Any]) -> None:
+    """How many of the plans' calls so far copied their outputs out of the graph (every handed-out
+    output set still referenced when the call came: an extra copy and allocation per call)."""
+    stats = [p.stats for p in plans]
+    print(f"    {label}: {sum(s.get('graph_instances', 0) for s in stats)} graph instance(s), "
+          f"{sum(s.get('outputs_copied', 0) for s in stats)} call(s) copied their outputs out", flush=True)
 
 
 def pointer_check_cost(tensors: list[torch.Tensor], reps: int = 2000) -> None:

@@ -153,6 +153,7 @@ def test_output_sets_hand_out_buffers_only_once_the_caller_let_go(batch: int, co
     second = y.data_ptr()
     y = compiled(inputs[2])  # the first set is free again: the loop pattern needs two sets
     assert len({first, second}) == 2 and y.data_ptr() == first
+    assert compiled.stats["outputs_copied"] == 0
     with torch.no_grad():
         torch.testing.assert_close(y, fn(inputs[2]), rtol=1e-4, atol=1e-4)
     kept = [compiled(x) for x in inputs[3:9]]  # every result kept: sets all held, then copies
@@ -164,9 +165,11 @@ def test_output_sets_hand_out_buffers_only_once_the_caller_let_go(batch: int, co
             torch.testing.assert_close(out, fn(x), rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(view, fn(inputs[9])[1:], rtol=1e-4, atol=1e-4)
     assert compiled.stats["graphs"] == 1 and compiled.stats["graph_instances"] == 3
+    assert compiled.stats["outputs_copied"] > 0
     copying = streamfuse.compile(fn, (_fresh((4, 64), 0),), config.replace(output_sets=0))
     outs = [copying(x) for x in inputs[:3]]
     assert len({o.data_ptr() for o in outs}) == 3 and copying.stats["graph_instances"] == 1
+    assert copying.stats["outputs_copied"] == 3
     with pytest.raises(ValueError, match="output_sets"):
         config.replace(output_sets=-1)
 

@@ -515,6 +515,7 @@ class CompiledGraph:
             "events": self.base.schedule.events + self.base.release_waits,
             "graphs": len(self._runners),
             "graph_instances": sum(r.instances for r in self._runners.values()),
+            "outputs_copied": sum(r.outputs_copied for r in self._runners.values()),
             "inputs_moved": self.inputs_moved,
             "graph_mib": round(sum(r.reserved_bytes for r in self._runners.values()) / 2**20, 1),
             "specializations": len(self.specializations),

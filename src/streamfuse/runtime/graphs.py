@@ -209,6 +209,9 @@ class GraphRunner:
         """Instances whose output buffers calls hand out, in recording order."""
         self.copy_source: _Instance | None = None if self.output_sets else first
         """The instance whose outputs are copied (never handed out), recorded when first needed."""
+        self.outputs_copied = 0
+        """Calls that copied their outputs out (reuse_outputs off, and every handed-out set still held
+        by the caller, or none to hand out): a copy launch and a new allocation per call."""
 
     def _copy_nodes_possible(self) -> bool:
         if not self.copied:
@@ -284,6 +287,7 @@ class GraphRunner:
             return self._views(inst.outputs if not inst.aliases else _rebuilt(inst, inputs), batch, exact)
         if self.copy_source is None:
             self.copy_source = self._record_instance(inputs)
+        self.outputs_copied += 1
         self._replay(self.copy_source, inputs, batch, exact)
         source = self.copy_source
         return fresh_copies(self._views(source.outputs if not source.aliases else _rebuilt(source, inputs), batch,
