@@ -44,7 +44,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from training import _projected_loss, worst_error
+from training import _projected_loss, deterministic, worst_error
 
 from streamfuse.bench.models import MODELS, ModelSpec
 from streamfuse.bench.runner import exact_fp32
@@ -56,17 +56,6 @@ GRAD_RTOL = 1e-3
 F64_RTOL = 1e-6
 SKIPPED = ("gpt2 decode",)
 """Suite workloads with no training counterpart here (one token: gpt2 prefill trains the same model)."""
-
-
-def deterministic(model: nn.Module) -> nn.Module:
-    """Dropout and stochastic depth off (p = 0; attention dropout rates kept as float attributes too)."""
-    for m in model.modules():
-        if "Dropout" in type(m).__name__ or type(m).__name__ == "StochasticDepth":
-            m.p = 0.0  # type: ignore[assignment]
-        for key, value in vars(m).items():
-            if ("drop" in key or key == "stochastic_depth_prob") and isinstance(value, float):
-                setattr(m, key, 0.0)
-    return model
 
 
 def batch_of(spec: ModelSpec, tiny: bool, device: torch.device) -> tuple[torch.Tensor, ...]:

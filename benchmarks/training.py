@@ -92,14 +92,7 @@ def _text(name: str, tiny: bool) -> Workload:
     batch, tokens = (2, 16) if tiny else (8, 128)
 
     def build() -> nn.Module:
-        model = spec.build(tiny)
-        for m in model.modules():  # deterministic steps: dropout off (the check compares gradients)
-            if isinstance(m, nn.Dropout):
-                m.p = 0.0
-            for key, value in vars(m).items():  # attention dropout rates kept as floats (SDPA's dropout_p)
-                if "drop" in key and isinstance(value, float):
-                    setattr(m, key, 0.0)
-        return model
+        return deterministic(spec.build(tiny))  # the check compares gradients
 
     def inputs(device: torch.device, seed: int) -> tuple[torch.Tensor, ...]:
         gen = torch.Generator().manual_seed(seed)
@@ -107,6 +100,18 @@ def _text(name: str, tiny: bool) -> Workload:
         return (torch.randint(0, vocab, (batch, tokens), generator=gen).to(device),)
 
     return Workload(f"{name.split()[0]} b{batch}x{tokens}", build, inputs, _projected_loss)
+
+
+def deterministic(model: nn.Module) -> nn.Module:
+    """Dropout and stochastic depth off (p = 0; attention dropout rates kept as float attributes, such
+    as SDPA's dropout_p, too): a mask drawn by another generator would make gradients differ."""
+    for m in model.modules():
+        if "Dropout" in type(m).__name__ or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0  # type: ignore[assignment]
+        for key, value in vars(m).items():
+            if ("drop" in key or key == "stochastic_depth_prob") and isinstance(value, float):
+                setattr(m, key, 0.0)
+    return model
 
 
 def _projected_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:

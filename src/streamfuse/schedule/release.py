@@ -96,7 +96,6 @@ def plan_releases(order: Sequence[int], stream: Mapping[int, int], launching: Co
                     for r_stream, (n, r) in need.items():
                         if clock.get(r_stream, 0) < n:
                             plan.waits.setdefault(i, []).append(r)
-                            plan.record_events.add(r)
                             _merge(clock, clock_after[r])
                 plan.before.setdefault(i, []).append(slot)
             pending = still
@@ -129,10 +128,7 @@ def plan_releases(order: Sequence[int], stream: Mapping[int, int], launching: Co
                 plan.record.setdefault(r, []).append(slot)
     # one wait per step and reading stream is enough: the latest launch on that stream follows the rest
     for i, w in plan.waits.items():
-        latest: dict[int, int] = {}
-        for r in w:
-            if seq[r] > seq.get(latest.get(stream[r], -1), 0):
-                latest[stream[r]] = r
+        latest = {stream[r]: r for r in sorted(w, key=seq.__getitem__)}  # the last one per stream stays
         plan.waits[i] = sorted(latest.values())
     plan.record_events = {r for w in plan.waits.values() for r in w}
     return plan
