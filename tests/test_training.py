@@ -97,6 +97,62 @@ def test_capture_table_keeps_cpu_flash_attention_whole() -> None:
     assert aten._scaled_dot_product_flash_attention_for_cpu.default not in decomposition_table()
 
 
+class _CompositeOps(nn.Module):
+    """CompositeImplicitAutograd ops (linear, flatten, adaptive pooling, dropout, attention) beside core ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.flatten(nn.functional.adaptive_avg_pool2d(self.bn(self.conv(x)), 2), 2).transpose(1, 2)
+        y = self.drop(nn.functional.gelu(self.fc(self.norm(y))))
+        y = nn.functional.scaled_dot_product_attention(y, y, y).softmax(-1)
+        return y.sum(dim=1).log_softmax(-1)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_tracing_table_captures_what_the_full_table_does(training: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracing table leaves out torch's entries for CompositeImplicitAutograd ops (they decompose
+    as they are traced): make_fx's capture and AOTAutograd's forward and backward graphs come out
+    the same as with the full table that ExportedProgram.run_decompositions gets."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from streamfuse.capture import export
+    from streamfuse.capture.decomp import export_decomposition_table
+
+    lean, full = decomposition_table(), export_decomposition_table()
+    assert len(lean) < len(full) and set(lean) <= set(full)
+    model = _CompositeOps().train(training)
+    x = _randn(2, 3, 6, 6, seed=51)
+    codes: dict[int, list[str]] = {}
+    for table in (lean, full):
+        graphs = codes.setdefault(id(table), [])
+        monkeypatch.setattr(export, "decomposition_table", lambda table=table: table)
+        if not training:
+            graphs.append(export._capture_functional(model, (x,), ["x"]).gm.code)
+
+        def keep(gm: torch.fx.GraphModule, example: Any, graphs: list[str] = graphs) -> Any:
+            graphs.append(gm.code)
+            return make_boxed_func(gm)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep,
+                                                             inference_compiler=keep, decompositions=table))
+        with torch.set_grad_enabled(training):
+            out = compiled(x)
+        if training:
+            out.sum().backward()
+    torch._dynamo.reset()
+    assert len(codes[id(lean)]) == 2
+    assert codes[id(lean)] == codes[id(full)]
+
+
 class _CheckDecompositions(TorchDispatchMode):
     """Runs every multi-result op that the capture table decomposes both ways and records the results
     where the decomposition differs from the kernel. A backward the table leaves whole reads the

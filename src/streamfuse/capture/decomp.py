@@ -17,6 +17,7 @@ import functools
 from typing import Any
 
 import torch
+import torch._decomp
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from streamfuse.capture.foreach import foreach_decompositions
@@ -41,9 +42,8 @@ def _full_like(x: torch.Tensor, fill_value: Any, *, dtype: torch.dtype | None = 
     return aten.full.default(list(x.shape), fill_value, dtype=dtype or x.dtype, device=device or x.device)
 
 
-@functools.cache
-def decomposition_table() -> dict[Any, Any]:
-    table = dict(core_aten_decompositions())
+def _finish(core: dict[Any, Any]) -> dict[Any, Any]:
+    table = dict(core)
     table.update(get_decompositions(_EXTRA))
     table.update(foreach_decompositions())  # optimizers' multi-tensor updates, one op per tensor
     table[aten.full_like.default] = _full_like
@@ -51,3 +51,21 @@ def decomposition_table() -> dict[Any, Any]:
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     return table
+
+
+@functools.cache
+def decomposition_table() -> dict[Any, Any]:
+    """The table for tracing (make_fx, AOTAutograd). There a CompositeImplicitAutograd op (linear,
+    dropout, ...) decomposes by itself as it is traced, so torch's core table without those ops'
+    entries gives the same graphs (every suite model's inference capture and training forward and
+    backward, session 37) and skips their materialization, ~0.25 s of every new process's first
+    compile. Where this torch lacks that table, the full one."""
+    lean = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
+    return _finish(lean() if lean is not None else core_aten_decompositions())
+
+
+@functools.cache
+def export_decomposition_table() -> dict[Any, Any]:
+    """The table for ExportedProgram.run_decompositions, which keeps the ops its table does not name:
+    torch's full core table, CompositeImplicitAutograd ops included."""
+    return _finish(core_aten_decompositions())

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import is_fake
 from torch.export.graph_signature import InputKind, OutputKind
 
-from streamfuse.capture.decomp import decomposition_table
+from streamfuse.capture.decomp import decomposition_table, export_decomposition_table
 
 
 class _FunctionModule(torch.nn.Module):
@@ -420,7 +420,7 @@ def _capture_export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], l
                                "a compiled graph cannot build: set model.config.use_cache = False, or compile a "
                                "wrapper that returns the logits; torch.compile(model, backend='streamfuse') "
                                "takes the model as it is") from exc
-        ep = ep.run_decompositions(decomposition_table())
+        ep = ep.run_decompositions(export_decomposition_table())
     bound: dict[str, torch.Tensor] = {}
     literals: set[str] = set()
     for spec in ep.graph_signature.input_specs:
