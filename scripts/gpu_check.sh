@@ -11,7 +11,7 @@
 #                       [s31-tests] [models-cl] [kprof-sq] [swin-red] [models-b1red] [kprof-shuffle]
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [s34-replay] [s34-train-r50] [s34-r50-1s] [s34-train] [s34-train-1s] [s34-train-2s]
-#                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train] [s36-va] [s36-vb] [s36-vc] [s36-vd] [s36-train-check] [s36-train-rest] [s36-train-amp]
+#                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train] [s36-va] [s36-vb] [s36-vc] [s36-vd] [s36-train-check] [s36-train-rest] [s36-train-amp] [s37-shuf] [s37-compile]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -41,7 +41,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -279,6 +279,11 @@ step s36-train-rest 560 python3 benchmarks/train_check.py --json "$OUT/s36-train
 # the same under bfloat16 autocast (mixed-precision training), and shufflenet_v2 at batch 1 (cut off in s36-va)
 step s36-train-amp 560 python3 benchmarks/train_check.py --autocast bfloat16 --json "$OUT/s36-train-amp.json" \
   --models "googlenet,mobilenet_v2,efficientnet_b0,regnet_y_400mf,convnext_tiny,swin_t,resnet50,bert-base,gpt2 prefill,llama gqa"
+# session 37: shufflenet_v2's lockstep check with the channels_last noise copy (run 144 failed its
+# float32 bar at one step); swin_t's and googlenet's compile stages cold and warm after the tracing-table change
+step s37-shuf 120 python3 benchmarks/train_check.py --json "$OUT/s37-shuf.json" --models shufflenet_v2_x1_0,googlenet
+step s37-compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet \
+  && python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet'
 step s36-vd 200 streamfuse bench --suite models --models shufflenet --batch 1 --dtype float32 --modes $MODES_SF \
   --reps 10 --out "$OUT/s36-vd"
 step s36-vc 560 streamfuse bench --suite models --models regnet,convnext --batch 1 --dtype float32 --modes $MODES_SF \
@@ -366,7 +371,7 @@ for f in s36-va s36-vb s36-vc s36-vd models-bf16d models-bf16e models-bf16f mode
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
-for f in s36-train-check s36-train-rest s36-train-amp; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
+for f in s36-train-check s36-train-rest s36-train-amp s37-shuf; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"
 [ -f "$OUT/kprof-gpt2d.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-gpt2d.txt" | tail -40
 [ -f "$OUT/kprof-sq.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-sq.txt" | tail -32
