@@ -423,3 +423,55 @@ def test_compiles_per_model_are_bounded(config: Any) -> None:
     assert "max_specializations_built" in compiled.explain(source=False)
     symbolic = [g for g in backend_module.compiled_graphs if isinstance(g, backend_module.SymbolicGraph)][-1]
     assert symbolic.built == 2 and symbolic.overflow is not None
+
+
+class _VideoBlock(nn.Module):
+    """A video classifier's layers over 5-D tensors (torchvision's r3d_18 and mc3_18 in small): Conv3d,
+    BatchNorm3d, ReLU, MaxPool3d, a residual add, adaptive 3-D average pooling and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv3d(3, 8, (3, 5, 5), padding=(1, 2, 2), bias=False), nn.BatchNorm3d(8),
+                                  nn.ReLU(), nn.MaxPool3d((1, 2, 2)))
+        self.conv = nn.Sequential(nn.Conv3d(8, 8, 3, padding=1, bias=False), nn.BatchNorm3d(8), nn.ReLU(),
+                                  nn.Conv3d(8, 8, 3, padding=1, bias=False), nn.BatchNorm3d(8))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        y = torch.relu(y + self.conv(y))
+        return self.head(nn.functional.adaptive_avg_pool3d(y, 1).flatten(1))
+
+
+def test_a_video_network_over_5d_tensors_through_both_entry_points(config: Any, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = _VideoBlock().to(device).eval()
+    with torch.no_grad():  # batch-norm statistics that are not 0 and 1
+        for bn in (m for m in model.modules() if isinstance(m, nn.BatchNorm3d)):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+    clips = [torch.randn(b, 3, 4, 12, 12, generator=torch.Generator().manual_seed(b)).to(device) for b in (2, 3)]
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (clips[0],), config)
+        assert compiled.stats["generated_kernels"] > 0
+        for clip in clips:
+            want = model(clip)
+            _close(compiled(clip), want)
+            _close(fast(clip), want)
+    # training through the backend: batch statistics, gradients of every parameter
+    train = _VideoBlock().double().to(device).train()
+    train.load_state_dict(model.state_dict())
+    ref = _VideoBlock().double().to(device).train()
+    ref.load_state_dict(model.state_dict())
+    torch._dynamo.reset()
+    fast = torch.compile(train, backend=streamfuse.make_backend(config))
+    clip = clips[1].double()
+    fast(clip).square().mean().backward()
+    ref(clip).square().mean().backward()
+    for (name, p), q in zip(train.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+    for (name, b), c in zip(train.named_buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(b, c, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
