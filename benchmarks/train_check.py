@@ -46,7 +46,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from training import _projected_loss, deterministic, worst_error
+from training import _projected_loss, deterministic, relative, worst_error
 
 from streamfuse.bench.models import MODELS, ModelSpec
 from streamfuse.bench.runner import exact_fp32
@@ -117,10 +117,6 @@ class Run:
 
 def floating_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: t.detach().double().clone() for n, t in model.state_dict().items() if t.is_floating_point()}
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def state_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:

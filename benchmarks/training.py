@@ -187,12 +187,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The relative norm error ||got - want|| / ||want||."""
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
 def worst_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> tuple[float, str]:
     """Worst relative norm error over the parameters whose gradient is not ~0 (1e-8 of the largest
     gradient norm: exactly zero ones, such as a bias before a training batch-norm, are rounding noise)."""
     largest = max(r.norm() for r in want.values())
-    errors = {n: ((got[n] - g).norm() / g.norm().clamp_min(1e-30)).item() for n, g in want.items()
-              if n in got and g.norm() > 1e-8 * largest}
+    errors = {n: relative(got[n], g) for n, g in want.items() if n in got and g.norm() > 1e-8 * largest}
     name = max(errors, key=errors.__getitem__)
     return errors[name], name
 

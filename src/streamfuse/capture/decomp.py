@@ -17,7 +17,6 @@ import functools
 from typing import Any
 
 import torch
-import torch._decomp
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from streamfuse.capture.foreach import foreach_decompositions
