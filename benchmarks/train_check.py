@@ -3,6 +3,7 @@
     python benchmarks/train_check.py [--models all|NAME,...] [--calls 6] [--json FILE]
     python benchmarks/train_check.py --tiny     # one-layer text configs, short sequences (CPU smoke test)
     python benchmarks/train_check.py --autocast bfloat16    # mixed-precision training
+    python benchmarks/train_check.py --timm default         # timm architectures beyond the suite
 
 For each suite model (streamfuse.bench.models: torchvision classifiers and Hugging Face
 architectures from configs, random weights, fixed seeds), in training mode with dropout and
@@ -58,12 +59,47 @@ GRAD_RTOL = 1e-3
 F64_RTOL = 1e-6
 SKIPPED = ("gpt2 decode",)
 """Suite workloads with no training counterpart here (one token: gpt2 prefill trains the same model)."""
+TIMM_MODELS = ("resnest14d", "skresnet18", "res2net50_14w_8s", "mobilevit_xxs", "efficientvit_b0", "levit_128s",
+               "fastvit_t8", "poolformer_s12", "coat_lite_tiny", "mobilenetv4_conv_small", "ghostnet_100", "rexnet_100",
+               "hrnet_w18_small", "dla34", "repvgg_a0", "nf_resnet26", "edgenext_xx_small", "caformer_s18",
+               "mvitv2_tiny", "gcvit_xxtiny", "sequencer2d_s", "tiny_vit_5m_224", "maxvit_nano_rw_256", "nest_tiny",
+               "twins_svt_small", "eva02_tiny_patch14_224", "mambaout_femto", "starnet_s050")
+"""`--timm default`: timm architectures outside the suite with other building blocks (split attention,
+selective kernels, mobile ViTs, linear attention, reparameterised convolutions, weight-standardised
+convolutions, pooling and attention mixers, multiscale and window attention, LSTMs, rotary ViTs).
+All 28 matched eager in float64 through the backend on the CPU (session 38, reference executor)."""
+
+
+def timm_spec(name: str) -> ModelSpec:
+    """A timm architecture as a vision workload: random weights, dropout and drop-path off, 64x64
+    images where the model takes an `img_size` (else its pretrained config's size if that is fixed,
+    or 64)."""
+    import timm  # absent on some machines: --timm then says so
+
+    drops = {"drop_rate": 0.0, "drop_path_rate": 0.0}  # not every model takes them; deterministic() zeroes them too
+    candidates = [drops | {"img_size": 64}, {"img_size": 64}, drops, {}]
+    for options in candidates:
+        try:
+            timm.create_model(name, pretrained=False, **options)
+            break
+        except TypeError:  # an argument this architecture does not take
+            continue
+    if "img_size" in options:
+        size = 64
+    else:
+        cfg = timm.models.get_pretrained_cfg(name)
+        size = cfg.input_size[-1] if cfg is not None and cfg.fixed_input_size else 64
+
+    def build(tiny: bool) -> nn.Module:
+        return timm.create_model(name, pretrained=False, **options)
+
+    return ModelSpec(name=f"timm:{name}", kind="vision", build=build, size=size, tiny_size=size)
 
 
 def batch_of(spec: ModelSpec, tiny: bool, device: torch.device) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(1)
     if spec.kind == "vision":
-        size = spec.size if spec.name == "vit_b_16" else spec.input_size(True)
+        size = spec.size if spec.name == "vit_b_16" or spec.name.startswith("timm:") else spec.input_size(True)
         images = 2 if tiny else 4
         return (torch.randn(images, 3, size, size, generator=gen).to(device),
                 torch.randint(0, 1000, (images,), generator=gen).to(device))
@@ -215,6 +251,8 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="one-layer text configs (CPU smoke test)")
     ap.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
                     help="forward under torch.autocast to this dtype (mixed-precision training), judged against float64")
+    ap.add_argument("--timm", default=None, help="timm architectures instead of the suite: 'default' (TIMM_MODELS) "
+                    "or names, comma-separated (needs timm)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if args.calls < 1:
@@ -228,6 +266,16 @@ def main() -> int:
             raise SystemExit(f"error: --models takes {', '.join(sorted(known))} or all; got {', '.join(unknown)}")
         by_name = {s.name: s for s in specs}
         specs = [by_name[n] for n in wanted]  # in the order given
+    if args.timm is not None:
+        if args.models != "all":
+            raise SystemExit("error: --timm replaces the suite; leave --models out")
+        names = TIMM_MODELS if args.timm == "default" else [n.strip() for n in args.timm.split(",") if n.strip()]
+        try:
+            specs = [timm_spec(n) for n in names]
+        except ImportError as exc:
+            raise SystemExit(f"error: --timm needs timm installed ({exc})") from None
+        except RuntimeError as exc:  # timm's "Unknown model"
+            raise SystemExit(f"error: --timm: {exc}") from None
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = f"float32 under {args.autocast} autocast" if args.autocast else "float32"
     print(f"training check through the backend ({args.calls} SGD steps, {precision}, TF32 off) on "

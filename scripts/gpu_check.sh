@@ -12,6 +12,7 @@
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [s34-replay] [s34-train-r50] [s34-r50-1s] [s34-train] [s34-train-1s] [s34-train-2s]
 #                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train] [s36-va] [s36-vb] [s36-vc] [s36-vd] [s36-train-check] [s36-train-rest] [s36-train-amp] [s37-shuf] [s37-compile]
+#                       [s38-timm-a] [s38-timm-b]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -41,7 +42,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -282,6 +283,12 @@ step s36-train-amp 560 python3 benchmarks/train_check.py --autocast bfloat16 --j
 # session 37: shufflenet_v2's lockstep check with the channels_last noise copy (run 144 failed its
 # float32 bar at one step); swin_t's and googlenet's compile stages cold and warm after the tracing-table change
 step s37-shuf 120 python3 benchmarks/train_check.py --json "$OUT/s37-shuf.json" --models shufflenet_v2_x1_0,googlenet
+# session 38: the lockstep training check over timm architectures outside the suite (train_check
+# --timm; TIMM_MODELS there), float32 and float64 through the generated kernels and CUDA graphs
+step s38-timm-a 560 python3 benchmarks/train_check.py --json "$OUT/s38-timm-a.json" --calls 4 \
+  --timm resnest14d,skresnet18,res2net50_14w_8s,mobilevit_xxs,efficientvit_b0,levit_128s,fastvit_t8,poolformer_s12,coat_lite_tiny,mobilenetv4_conv_small,ghostnet_100,rexnet_100,hrnet_w18_small,dla34
+step s38-timm-b 560 python3 benchmarks/train_check.py --json "$OUT/s38-timm-b.json" --calls 4 \
+  --timm repvgg_a0,nf_resnet26,edgenext_xx_small,caformer_s18,mvitv2_tiny,gcvit_xxtiny,sequencer2d_s,tiny_vit_5m_224,maxvit_nano_rw_256,nest_tiny,twins_svt_small,eva02_tiny_patch14_224,mambaout_femto,starnet_s050
 step s37-compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet \
   && python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet'
 step s36-vd 200 streamfuse bench --suite models --models shufflenet --batch 1 --dtype float32 --modes $MODES_SF \
@@ -371,7 +378,7 @@ for f in s36-va s36-vb s36-vc s36-vd models-bf16d models-bf16e models-bf16f mode
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
-for f in s36-train-check s36-train-rest s36-train-amp s37-shuf; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
+for f in s36-train-check s36-train-rest s36-train-amp s37-shuf s38-timm-a s38-timm-b; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"
 [ -f "$OUT/kprof-gpt2d.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-gpt2d.txt" | tail -40
 [ -f "$OUT/kprof-sq.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-sq.txt" | tail -32

@@ -109,6 +109,28 @@ def test_reference_executor_is_deterministic_too(config) -> None:  # type: ignor
     assert 0.35 < (a(x) != 0).float().mean().item() < 0.65
 
 
+def test_reference_executor_draws_a_fresh_mask_per_call_with_the_default_seed(config) -> None:  # type: ignore[no-untyped-def]
+    """The default seed puts each call's counter base in the high 32 bits; a CPU generator keeps only
+    the low 32 bits of its seed, so the reference executor drew the same mask at every call (CPU
+    training through the backend with dropout got one fixed mask). Both entry points, and
+    torch.manual_seed still reproduces a call."""
+    model = _model(0.5)
+    x = randn(32, 64)
+    ref = config.replace(executor="reference")
+    torch._dynamo.reset()
+    for fn in (streamfuse.compile(model, (x,), ref), torch.compile(model, backend=streamfuse.make_backend(ref))):
+        with torch.no_grad():
+            fn(x)  # the backend builds its plan at the first call, drawing from torch's generator
+            torch.manual_seed(3)
+            masks = [fn(x) != 0 for _ in range(4)]
+            torch.manual_seed(3)
+            again = fn(x) != 0
+        assert all(not torch.equal(masks[i], masks[j]) for i in range(4) for j in range(i))
+        assert torch.equal(again, masks[0])
+        assert all(0.35 < m.float().mean().item() < 0.65 for m in masks)
+    torch._dynamo.reset()
+
+
 @pytest.mark.gpu
 def test_a_replayed_cuda_graph_draws_a_fresh_mask_every_call(config, device) -> None:  # type: ignore[no-untyped-def]
     """The kernels read the counter offset from device memory and each call (a replay too) advances

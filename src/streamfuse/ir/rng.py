@@ -49,11 +49,24 @@ class RngState:
         return f"RngState(seed={self.seed}, offset={self.offset})"
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mixed(key: int) -> int:
+    """splitmix64's finalizer: every bit of `key` reaches every bit of the result. A CPU generator
+    keeps only the low 32 bits of its seed (mt19937), and the call's counter base sits in the high 32
+    (Executable.follow_torch_seed): seeding with the plain sum drew the same mask at every call."""
+    key &= _MASK64
+    key = ((key ^ (key >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    key = ((key ^ (key >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (key ^ (key >> 31)) >> 1  # manual_seed takes up to 2**63 - 1 here
+
+
 def philox_rand(state: RngState | None, shape: list[int], base: int, device: torch.device) -> torch.Tensor:
     """Reference implementation (the NodeStep target): uniform [0, 1) float32 of `shape`."""
     assert state is not None, "philox_rand used before attach_rng() gave the graph its state"
     gen = torch.Generator(device=device)
-    gen.manual_seed((state.seed * 1_000_003 + state.offset + base) % 2**63)
+    gen.manual_seed(_mixed(state.seed * 1_000_003 + state.offset + base))
     return torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
 
 
