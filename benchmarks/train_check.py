@@ -77,7 +77,9 @@ def timm_spec(name: str) -> ModelSpec:
     import timm  # absent on some machines: --timm then says so
 
     drops = {"drop_rate": 0.0, "drop_path_rate": 0.0}  # not every model takes them; deterministic() zeroes them too
-    candidates = [drops | {"img_size": 64}, {"img_size": 64}, drops, {}]
+    head = {"num_classes": 1000}  # some default configs have none (eva02_tiny: 0, features out)
+    candidates = [head | drops | {"img_size": 64}, head | {"drop_rate": 0.0, "img_size": 64}, head | {"img_size": 64},
+                  head | drops, head | {"drop_rate": 0.0}, head]
     for options in candidates:
         try:
             timm.create_model(name, pretrained=False, **options)

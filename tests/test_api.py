@@ -256,6 +256,48 @@ def test_a_parameter_given_new_memory_is_seen_by_both_entry_points(config) -> No
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("change", ["parameter", "submodule", "buffer", "tie"])
+def test_a_replaced_parameter_buffer_or_submodule_is_seen_by_both_entry_points(config, change: str) -> None:  # type: ignore[no-untyped-def]
+    """A new object assigned after compiling (`fc.weight = nn.Parameter(w)`, `act = nn.Tanh()`,
+    `register_buffer` again, tying two weights): streamfuse.compile's plan still read the old one and
+    returned stale results, silently (wrong by 2 here). Now it runs the model eagerly with one
+    warning naming what changed; the backend's guards recompile. Building an unrelated model in
+    between (its registrations advance the same counter) changes nothing."""
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.act, self.b = torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16)
+            self.register_buffer("shift", torch.randn(16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.act(self.a(x))) + self.shift
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = randn(4, 16)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(compiled(x), model(x))
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))  # registers elsewhere
+        torch.testing.assert_close(compiled(x), model(x))
+        assert compiled.eager_reason is None
+        if change == "parameter":
+            model.b.weight = torch.nn.Parameter(randn(16, 16, seed=3))
+        elif change == "submodule":
+            model.act = torch.nn.Tanh()
+        elif change == "buffer":
+            model.register_buffer("shift", randn(16, seed=4))
+        else:
+            model.b.weight = model.a.weight
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="compile again"):
+            torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+    torch._dynamo.reset()
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor, a tuple of tensors or a dict"):
         streamfuse.compile(torch.relu, 3.0, config)

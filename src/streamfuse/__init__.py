@@ -80,6 +80,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     from streamfuse.runtime.compiled import build
     from streamfuse.runtime.executable import build_executable
     from streamfuse.runtime.inputs import graph_device
+    from streamfuse.runtime.structure import StructureWatch
 
     snapshots = SnapshotCache()
 
@@ -152,6 +153,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     user_model = model.model if isinstance(model, KeywordInputs) else model
     if isinstance(user_model, torch.nn.Module):
         compiled.mode_source, compiled.compiled_training = user_model, user_model.training
+        compiled.structure = StructureWatch(user_model)
     compiled.base.compile_times = {"capture": capture_s, **compiled.base.compile_times}
     compiled.capture_path = captured.how
     return compiled

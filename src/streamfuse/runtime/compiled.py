@@ -31,6 +31,7 @@ from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
 from streamfuse.runtime.memory import LEDGER, PointerCheck, graph_memory_limit, on_out_of_memory
+from streamfuse.runtime.structure import StructureWatch
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
 Specialize = Callable[[tuple[torch.Tensor, ...]], Any]
@@ -118,6 +119,9 @@ class CompiledGraph:
         (streamfuse.compile; checked on every call: runtime/memory.PointerCheck)."""
         self.mode_source: torch.nn.Module | None = None
         """The nn.Module whose `training` flag the plan was compiled under (streamfuse.compile)."""
+        self.structure: StructureWatch | None = None
+        """Its submodules, parameters and buffers as compiled (streamfuse.compile): a replaced one
+        makes the calls run eagerly (runtime/structure.py)."""
         self.compiled_training = False
         self._mode_warned = False
         self._grad_warned = False
@@ -192,7 +196,10 @@ class CompiledGraph:
         if self.mode_source is not None and self.mode_source.training != self.compiled_training:
             return self._in_other_mode(inputs)
         if self.bound_pointers is not None and not self.bound_pointers.same(self.bound_tensors):
-            self._replaced()
+            self._replaced("a parameter or buffer was given new memory after compiling (`.data =`, a dtype or "
+                           "device round trip)")
+        if self.structure is not None and (what := self.structure.replaced()) is not None:
+            self._replaced(f"after compiling, {what}")
         if self.eager_reason is not None and self._proven:
             return self.eager(*inputs)  # type: ignore[misc]
         if not self._grad_warned and torch.is_grad_enabled():
@@ -201,14 +208,15 @@ class CompiledGraph:
             return self._call(inputs)
         return self._first_calls(self._call, inputs)
 
-    def _replaced(self) -> None:
+    def _replaced(self, what: str) -> None:
         """A parameter or buffer the plan reads was given new memory (`p.data = t`; `model.half()
-        .float()` and other Module._apply conversions swap `.data`): the plan, and its recorded CUDA
-        graphs, would read the old memory. The model runs eagerly from now on, with one warning. (A
-        parameter replaced by a new object is not seen here: the plan holds the old object.)"""
+        .float()` and other Module._apply conversions swap `.data`), or a parameter, buffer or
+        submodule was replaced by another object (runtime/structure.py): the plan, and its recorded
+        CUDA graphs, would read the old memory or compute the old function. The model runs eagerly
+        from now on, with one warning."""
         self.bound_pointers = None
-        self.eager_reason = ("a parameter or buffer was given new memory after compiling (`.data =`, a dtype or "
-                             "device round trip): compile again to run it compiled")
+        self.structure = None
+        self.eager_reason = f"{what}: compile again to run it compiled"
         warn_fallback("the model", self.eager_reason)
         self._proven = True
 

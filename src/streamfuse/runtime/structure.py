@@ -1,0 +1,80 @@
+"""Parameters, buffers and submodules replaced after streamfuse.compile.
+
+A plan reads the tensors the model held when it was compiled, and computes the function its
+submodules computed then. Assigning a new object afterwards (`model.fc.weight = nn.Parameter(w)`,
+tying or untying weights, `model.act = nn.Tanh()`, `register_buffer` with a new tensor) leaves the
+plan reading the old ones: the results would be silently stale. torch.compile's guards catch this
+for the backend; streamfuse.compile has no guards, so it watches torch's global registration hooks:
+every `register_parameter`, `register_buffer` and submodule assignment of any module in the process
+advances one counter (a few nanoseconds, nothing else). A compiled model compares that counter with
+the one it saw at its previous call (one integer compare per call); only after a change does it walk
+its model and compare the modules, parameters and buffers with the ones it was compiled with.
+In-place updates (`p.copy_`, optimizer steps, `load_state_dict`) register nothing and need nothing:
+the plan reads that memory. `p.data = t` keeps the object but moves its memory: the data-pointer
+check (runtime/memory.PointerCheck) covers that.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.nn.modules import module as _module
+
+_registrations = 0
+"""Parameters, buffers and submodules registered on any module in this process since import."""
+_installed = False
+
+
+def _count(*_: Any) -> None:
+    """The registration hook: counts, and leaves the registered object as it is (returns None)."""
+    global _registrations
+    _registrations += 1
+
+
+def _install() -> None:
+    global _installed
+    if not _installed:
+        _module.register_module_parameter_registration_hook(_count)
+        _module.register_module_buffer_registration_hook(_count)
+        _module.register_module_module_registration_hook(_count)
+        _installed = True
+
+
+def _members(model: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
+    """(kind, qualified name, object) of every submodule, parameter and buffer, tied ones under each name."""
+    for name, m in model.named_modules(remove_duplicate=False):
+        yield "module", name, m
+    for name, p in model.named_parameters(remove_duplicate=False):
+        yield "parameter", name, p
+    for name, b in model.named_buffers(remove_duplicate=False):
+        yield "buffer", name, b
+
+
+class StructureWatch:
+    """The model's submodules, parameters and buffers when it was compiled (held weakly: a replaced
+    one is not kept alive by the watch)."""
+
+    def __init__(self, model: torch.nn.Module):
+        _install()
+        self.model = model
+        self._members = [(kind, name, weakref.ref(obj)) for kind, name, obj in _members(model)]
+        self._seen = _registrations
+
+    def replaced(self) -> str | None:
+        """None while the model holds the objects it was compiled with (the usual call: one integer
+        compare), else what was replaced first."""
+        if _registrations == self._seen:
+            return None
+        self._seen = _registrations
+        now = list(_members(self.model))
+        for (kind, name, ref), (kind_now, name_now, obj) in zip(self._members, now, strict=False):
+            if (kind, name) != (kind_now, name_now):
+                return f"a {kind_now} was added or removed at {name_now or 'the model'!r}"
+            if ref() is not obj:
+                return f"{kind} {name or 'the model'!r} was replaced by another object"
+        if len(now) != len(self._members):
+            return "a submodule, parameter or buffer was added or removed"
+        return None
