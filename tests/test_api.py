@@ -298,6 +298,57 @@ def test_a_replaced_parameter_buffer_or_submodule_is_seen_by_both_entry_points(c
     torch._dynamo.reset()
 
 
+def test_the_registration_counter_does_not_make_dynamo_recompile(config) -> None:  # type: ignore[no-untyped-def]
+    """streamfuse.compile installs global registration hooks (runtime/structure.py). A forward that
+    registers a buffer at every call, compiled by the backend, must not have Dynamo guard on the
+    hooks' counter: it recompiled at every call (Hugging Face's static KV cache, session 38)."""
+    class Caching(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.register_buffer("last", x.detach(), persistent=False)
+            return self.lin(x).relu()
+
+    streamfuse.compile(torch.nn.Linear(4, 4), (randn(2, 4),), config)  # installs the hooks
+    model = Caching()
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config))
+    graphs = []
+    with torch.no_grad():
+        for seed in range(5):
+            x = randn(2, 8, seed=seed)
+            torch.testing.assert_close(fast(x), model.lin(x).relu())
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[1], graphs  # nothing compiled after the second call
+    torch._dynamo.reset()
+
+
+def test_a_call_under_another_autocast_state_runs_eagerly(config) -> None:  # type: ignore[no-untyped-def]
+    """Autocast chose each op's dtype when the plan was captured: compiled outside it and called
+    inside, the plan returned float32 (or, with the reference executor, a mix) where eager returns
+    bfloat16, and compiled inside and called outside it returned bfloat16 where eager returns
+    float32. Such calls now run eagerly with one warning; calls in the compiled state stay compiled."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    x = randn(4, 16)
+    with torch.no_grad():
+        plain = streamfuse.compile(model, (x,), config)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = streamfuse.compile(model, (x,), config)
+            want_mixed = model(x)
+            torch.testing.assert_close(mixed(x), want_mixed, rtol=2e-2, atol=2e-2)
+            with pytest.warns(UserWarning, match="compiled under no autocast and is called under autocast to bfloat16"):
+                got = plain(x)
+            assert got.dtype == torch.bfloat16 and torch.equal(got, want_mixed)
+        with pytest.warns(UserWarning, match="compiled under autocast to bfloat16 and is called under no autocast"):
+            got = mixed(x)
+        assert got.dtype == torch.float32 and torch.equal(got, model(x))
+        torch.testing.assert_close(plain(x), model(x))
+        assert plain.eager_reason is None and mixed.eager_reason is None
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor, a tuple of tensors or a dict"):
         streamfuse.compile(torch.relu, 3.0, config)

@@ -80,7 +80,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     from streamfuse.runtime.compiled import build
     from streamfuse.runtime.executable import build_executable
     from streamfuse.runtime.inputs import graph_device
-    from streamfuse.runtime.structure import StructureWatch
+    from streamfuse.runtime.structure import StructureWatch, autocast_state
 
     snapshots = SnapshotCache()
 
@@ -154,6 +154,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     if isinstance(user_model, torch.nn.Module):
         compiled.mode_source, compiled.compiled_training = user_model, user_model.training
         compiled.structure = StructureWatch(user_model)
+    compiled.autocast = autocast_state(device.type)
     compiled.base.compile_times = {"capture": capture_s, **compiled.base.compile_times}
     compiled.capture_path = captured.how
     return compiled

@@ -31,7 +31,7 @@ from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
 from streamfuse.runtime.memory import LEDGER, PointerCheck, graph_memory_limit, on_out_of_memory
-from streamfuse.runtime.structure import StructureWatch
+from streamfuse.runtime.structure import StructureWatch, autocast_state, describe_autocast
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
 Specialize = Callable[[tuple[torch.Tensor, ...]], Any]
@@ -124,6 +124,9 @@ class CompiledGraph:
         makes the calls run eagerly (runtime/structure.py)."""
         self.compiled_training = False
         self._mode_warned = False
+        self.autocast: tuple[Any, ...] | None = None
+        """The autocast state the plan was captured under (streamfuse.compile; runtime/structure.py)."""
+        self._autocast_warned = False
         self._grad_warned = False
         self._params_want_grad: bool | None = None
         """Some bound parameter requires grad (read at the first call made with grad enabled)."""
@@ -195,6 +198,8 @@ class CompiledGraph:
         self._follow_torch_seed()
         if self.mode_source is not None and self.mode_source.training != self.compiled_training:
             return self._in_other_mode(inputs)
+        if self.autocast is not None and (now := autocast_state(self.base.device.type)) != self.autocast:
+            return self._in_other_mode(inputs, now)
         if self.bound_pointers is not None and not self.bound_pointers.same(self.bound_tensors):
             self._replaced("a parameter or buffer was given new memory after compiling (`.data =`, a dtype or "
                            "device round trip)")
@@ -220,11 +225,19 @@ class CompiledGraph:
         warn_fallback("the model", self.eager_reason)
         self._proven = True
 
-    def _in_other_mode(self, inputs: tuple[Any, ...]) -> Any:
+    def _in_other_mode(self, inputs: tuple[Any, ...], autocast: tuple[Any, ...] | None = None) -> Any:
         """The model was switched to the other mode (model.train() after compiling in eval mode, or
-        back): the plan computes the compiled mode's function (dropout, batch-norm statistics), so
-        the call runs the model eagerly, with one warning, until the mode is switched back."""
-        if not self._mode_warned:
+        back), or is called under another autocast state than it was compiled under (`autocast`:
+        the call's): the plan computes the compiled function (dropout, batch-norm statistics, the
+        dtypes autocast chose), so the call runs the model eagerly, with one warning per kind, until
+        the state is back."""
+        if autocast is not None:
+            if not self._autocast_warned:
+                self._autocast_warned = True
+                warnings.warn(f"streamfuse: the model was compiled under {describe_autocast(self.autocast)} and is "
+                              f"called under {describe_autocast(autocast)}: such calls run it eagerly (compile again "
+                              "under the autocast state you call it with)", UserWarning, stacklevel=4)
+        elif not self._mode_warned:
             self._mode_warned = True
             was, now = ("training", "eval") if self.compiled_training else ("eval", "training")
             warnings.warn(f"streamfuse: the model was compiled in {was} mode and is in {now} mode now: calls run it "

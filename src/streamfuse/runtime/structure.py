@@ -1,4 +1,5 @@
-"""Parameters, buffers and submodules replaced after streamfuse.compile.
+"""What streamfuse.compile's plan was captured under: the model's parameters, buffers and
+submodules, and the autocast state.
 
 A plan reads the tensors the model held when it was compiled, and computes the function its
 submodules computed then. Assigning a new object afterwards (`model.fc.weight = nn.Parameter(w)`,
@@ -12,6 +13,11 @@ its model and compare the modules, parameters and buffers with the ones it was c
 In-place updates (`p.copy_`, optimizer steps, `load_state_dict`) register nothing and need nothing:
 the plan reads that memory. `p.data = t` keeps the object but moves its memory: the data-pointer
 check (runtime/memory.PointerCheck) covers that.
+
+Autocast is part of the captured function too (it chose each op's dtype in the trace): a model
+compiled outside autocast and called inside it would return float32 where eager returns bfloat16
+(and the other way round), so a call under another autocast state than the compile's runs eagerly
+(runtime/compiled.CompiledGraph._in_other_mode). Two C calls per call.
 """
 
 from __future__ import annotations
@@ -29,7 +35,13 @@ _installed = False
 
 
 def _count(*_: Any) -> None:
-    """The registration hook: counts, and leaves the registered object as it is (returns None)."""
+    """The registration hook: counts, and leaves the registered object as it is (returns None).
+    Not while Dynamo traces: a forward that registers something (Hugging Face's static KV cache
+    does, at every call) would have Dynamo inline the hook and guard on the counter's value, so
+    every call recompiled (session 38: a Llama's two graphs became six). A registration inside a
+    torch.compile'd region is then not counted; streamfuse.compile's own plans run no Python."""
+    if torch.compiler.is_compiling():
+        return
     global _registrations
     _registrations += 1
 
@@ -78,3 +90,16 @@ class StructureWatch:
         if len(now) != len(self._members):
             return "a submodule, parameter or buffer was added or removed"
         return None
+
+
+def autocast_state(device_type: str) -> tuple[Any, ...]:
+    """(enabled, dtype) of autocast for the plan's device type; dtype None while disabled."""
+    if not torch.is_autocast_enabled(device_type):
+        return (False, None)
+    return (True, torch.get_autocast_dtype(device_type))
+
+
+def describe_autocast(state: tuple[Any, ...] | None) -> str:
+    if not state or not state[0]:
+        return "no autocast"
+    return f"autocast to {str(state[1]).removeprefix('torch.')}"
