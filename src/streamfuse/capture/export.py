@@ -281,6 +281,7 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
     one placeholder (functional_call ties them); in-place updates of buffers (batch-norm statistics
     in training mode) come out of functionalize as copy_ into the buffer's placeholder, which become
     extra outputs written back by the runtime (`Captured.mutated`)."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.experimental.proxy_tensor import make_fx
 
     state = dict(module.named_parameters()) | dict(module.named_buffers())
@@ -297,7 +298,9 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
         return tuple(leaves)
 
     try:
-        with torch.no_grad(), warnings.catch_warnings(), _compiling():
+        # a lazy GraphModule: its Python code is generated only if something calls it; the plan reads
+        # the graph alone (swin_t: ~0.1 s of 1.4 on the CPU, two code generations of ~2,000 nodes)
+        with torch.no_grad(), warnings.catch_warnings(), _compiling(), _use_lazy_graph_module(True):
             warnings.simplefilter("ignore", FutureWarning)
             gm = make_fx(torch.func.functionalize(run, remove="mutations"), decomposition_table=decomposition_table(),
                          tracing_mode="fake", _allow_non_fake_inputs=True)(*state.values(), *inputs)

@@ -192,7 +192,10 @@ class PinnedGraph:
         self.graph = torch.cuda.CUDAGraph()
         self.pool = self.source.pool if self.source is not None else torch.cuda.graph_pool_handle()
         # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
-        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=self.pool):
+        # thread_local, as Inductor's CUDA graph trees: other threads (a DataLoader's pin-memory thread)
+        # may call CUDA while this thread records; the default global mode forbids their unsafe calls
+        # (cudaMalloc, cudaHostAlloc) for the capture's duration
+        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
             extra = self.first_block()
             if extra > 0:  # one block, freed at once: the capture's buffers are cut from it
                 block = torch.empty(extra, dtype=torch.uint8, device=exe.device)
