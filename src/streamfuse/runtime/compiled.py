@@ -13,7 +13,6 @@ on its streams.
 from __future__ import annotations
 
 import time
-import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +29,9 @@ from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_input
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
-from streamfuse.runtime.memory import LEDGER, PointerCheck, graph_memory_limit, on_out_of_memory
-from streamfuse.runtime.structure import StructureWatch, autocast_state, describe_autocast
+from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
+from streamfuse.runtime.model_state import ModelState
+from streamfuse.runtime.structure import autocast_state
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
 Specialize = Callable[[tuple[torch.Tensor, ...]], Any]
@@ -58,7 +58,7 @@ def build(graph: Graph, config: Config, device: torch.device, call: CallSpec | N
                          batch_check)
 
 
-class CompiledGraph:
+class CompiledGraph(ModelState):
     """A captured, planned and generated graph. Call it like the model it came from."""
 
     def __init__(self, base: Executable, call: CallSpec, recapture: Recapture | None = None,
@@ -113,23 +113,7 @@ class CompiledGraph:
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
-        self.bound_tensors: list[torch.Tensor] = []
-        self.bound_pointers: PointerCheck | None = None
-        """The model's parameters and buffers the plan reads, and their data pointers when compiled
-        (streamfuse.compile; checked on every call: runtime/memory.PointerCheck)."""
-        self.mode_source: torch.nn.Module | None = None
-        """The nn.Module whose `training` flag the plan was compiled under (streamfuse.compile)."""
-        self.structure: StructureWatch | None = None
-        """Its submodules, parameters and buffers as compiled (streamfuse.compile): a replaced one
-        makes the calls run eagerly (runtime/structure.py)."""
-        self.compiled_training = False
-        self._mode_warned = False
-        self.autocast: tuple[Any, ...] | None = None
-        """The autocast state the plan was captured under (streamfuse.compile; runtime/structure.py)."""
-        self._autocast_warned = False
-        self._grad_warned = False
-        self._params_want_grad: bool | None = None
-        """Some bound parameter requires grad (read at the first call made with grad enabled)."""
+        self._init_model_state()
         self.weights_watch: Any = None
         """streamfuse.compile's folded weights (ir/fold.SnapshotWatch): computed again in place, before
         the call, when a parameter they came from changed in place; None where nothing was folded."""
@@ -212,53 +196,6 @@ class CompiledGraph:
         if self._proven:
             return self._call(inputs)
         return self._first_calls(self._call, inputs)
-
-    def _replaced(self, what: str) -> None:
-        """A parameter or buffer the plan reads was given new memory (`p.data = t`; `model.half()
-        .float()` and other Module._apply conversions swap `.data`), or a parameter, buffer or
-        submodule was replaced by another object (runtime/structure.py): the plan, and its recorded
-        CUDA graphs, would read the old memory or compute the old function. The model runs eagerly
-        from now on, with one warning."""
-        self.bound_pointers = None
-        self.structure = None
-        self.eager_reason = f"{what}: compile again to run it compiled"
-        warn_fallback("the model", self.eager_reason)
-        self._proven = True
-
-    def _in_other_mode(self, inputs: tuple[Any, ...], autocast: tuple[Any, ...] | None = None) -> Any:
-        """The model was switched to the other mode (model.train() after compiling in eval mode, or
-        back), or is called under another autocast state than it was compiled under (`autocast`:
-        the call's): the plan computes the compiled function (dropout, batch-norm statistics, the
-        dtypes autocast chose), so the call runs the model eagerly, with one warning per kind, until
-        the state is back."""
-        if autocast is not None:
-            if not self._autocast_warned:
-                self._autocast_warned = True
-                warnings.warn(f"streamfuse: the model was compiled under {describe_autocast(self.autocast)} and is "
-                              f"called under {describe_autocast(autocast)}: such calls run it eagerly (compile again "
-                              "under the autocast state you call it with)", UserWarning, stacklevel=4)
-        elif not self._mode_warned:
-            self._mode_warned = True
-            was, now = ("training", "eval") if self.compiled_training else ("eval", "training")
-            warnings.warn(f"streamfuse: the model was compiled in {was} mode and is in {now} mode now: calls run it "
-                          f"eagerly until it is back in {was} mode (compile again for {now} mode)", UserWarning,
-                          stacklevel=4)
-        return self.eager(*inputs)  # type: ignore[misc]
-
-    def _warn_if_grad_wanted(self, inputs: Sequence[Any]) -> None:
-        """Once per compiled model, at any call (not only the first): eager would have recorded a
-        graph, since a parameter or an input requires grad, and the results carry none."""
-        if self.call.out_spec is None:
-            return  # the backend's graphs: AOTAutograd handles gradients around them
-        if self._params_want_grad is None:
-            self._params_want_grad = any(isinstance(t, torch.Tensor) and t.requires_grad
-                                         for t in self.base.graph.constants.values())
-        if self._params_want_grad or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-            self._grad_warned = True
-            warnings.warn("streamfuse.compile is for inference: its results carry no gradients (backward() on them "
-                          "raises, and a loss that adds them to other tensors gets no gradient through them). Call "
-                          "it under torch.no_grad(); to train, use torch.compile(model, backend='streamfuse').",
-                          UserWarning, stacklevel=4)
 
     def _first_calls(self, call: Callable[[Any], Any], inputs: Any) -> Any:
         """Until a call succeeds, a failure of the plan (a kernel that does not compile, an op that

@@ -17,7 +17,7 @@ check (runtime/memory.PointerCheck) covers that.
 Autocast is part of the captured function too (it chose each op's dtype in the trace): a model
 compiled outside autocast and called inside it would return float32 where eager returns bfloat16
 (and the other way round), so a call under another autocast state than the compile's runs eagerly
-(runtime/compiled.CompiledGraph._in_other_mode). Two C calls per call.
+(runtime/model_state.ModelState._in_other_mode). Two C calls per call.
 """
 
 from __future__ import annotations

@@ -1,0 +1,98 @@
+"""The model-state checks a CompiledGraph makes at call entry (streamfuse.compile's path).
+
+A plan computes the function the model computed when it was compiled: in that mode (train or eval),
+under that autocast state, reading those parameters and buffers. A call made after the model was
+switched to the other mode, or under another autocast state, runs the model eagerly (with one warning
+per kind, until the state is back); a parameter or buffer given new memory, or a parameter, buffer or
+submodule replaced by another object, sends the model to eager for good (runtime/structure.py,
+runtime/memory.PointerCheck). A call that wants gradients gets one warning: the results carry none.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from streamfuse.runtime.fallback import warn_fallback
+from streamfuse.runtime.memory import PointerCheck
+from streamfuse.runtime.structure import StructureWatch, describe_autocast
+
+
+class ModelState:
+    """Mixin of CompiledGraph (runtime/compiled.py): the attributes streamfuse.compile sets to describe
+    the model as compiled, and what a call does when the model no longer matches them."""
+
+    base: Any
+    call: Any
+    eager: Callable[..., Any] | None
+    eager_reason: str | None
+    _proven: bool
+
+    def _init_model_state(self) -> None:
+        self.bound_tensors: list[torch.Tensor] = []
+        self.bound_pointers: PointerCheck | None = None
+        """The model's parameters and buffers the plan reads, and their data pointers when compiled
+        (streamfuse.compile; checked on every call: runtime/memory.PointerCheck)."""
+        self.mode_source: torch.nn.Module | None = None
+        """The nn.Module whose `training` flag the plan was compiled under (streamfuse.compile)."""
+        self.structure: StructureWatch | None = None
+        """Its submodules, parameters and buffers as compiled (streamfuse.compile): a replaced one
+        makes the calls run eagerly (runtime/structure.py)."""
+        self.compiled_training = False
+        self._mode_warned = False
+        self.autocast: tuple[Any, ...] | None = None
+        """The autocast state the plan was captured under (streamfuse.compile; runtime/structure.py)."""
+        self._autocast_warned = False
+        self._grad_warned = False
+        self._params_want_grad: bool | None = None
+        """Some bound parameter requires grad (read at the first call made with grad enabled)."""
+
+    def _replaced(self, what: str) -> None:
+        """A parameter or buffer the plan reads was given new memory (`p.data = t`; `model.half()
+        .float()` and other Module._apply conversions swap `.data`), or a parameter, buffer or
+        submodule was replaced by another object (runtime/structure.py): the plan, and its recorded
+        CUDA graphs, would read the old memory or compute the old function. The model runs eagerly
+        from now on, with one warning."""
+        self.bound_pointers = None
+        self.structure = None
+        self.eager_reason = f"{what}: compile again to run it compiled"
+        warn_fallback("the model", self.eager_reason)
+        self._proven = True
+
+    def _in_other_mode(self, inputs: tuple[Any, ...], autocast: tuple[Any, ...] | None = None) -> Any:
+        """The model was switched to the other mode (model.train() after compiling in eval mode, or
+        back), or is called under another autocast state than it was compiled under (`autocast`:
+        the call's): the plan computes the compiled function (dropout, batch-norm statistics, the
+        dtypes autocast chose), so the call runs the model eagerly, with one warning per kind, until
+        the state is back."""
+        if autocast is not None:
+            if not self._autocast_warned:
+                self._autocast_warned = True
+                warnings.warn(f"streamfuse: the model was compiled under {describe_autocast(self.autocast)} and is "
+                              f"called under {describe_autocast(autocast)}: such calls run it eagerly (compile again "
+                              "under the autocast state you call it with)", UserWarning, stacklevel=4)
+        elif not self._mode_warned:
+            self._mode_warned = True
+            was, now = ("training", "eval") if self.compiled_training else ("eval", "training")
+            warnings.warn(f"streamfuse: the model was compiled in {was} mode and is in {now} mode now: calls run it "
+                          f"eagerly until it is back in {was} mode (compile again for {now} mode)", UserWarning,
+                          stacklevel=4)
+        return self.eager(*inputs)  # type: ignore[misc]
+
+    def _warn_if_grad_wanted(self, inputs: Sequence[Any]) -> None:
+        """Once per compiled model, at any call (not only the first): eager would have recorded a
+        graph, since a parameter or an input requires grad, and the results carry none."""
+        if self.call.out_spec is None:
+            return  # the backend's graphs: AOTAutograd handles gradients around them
+        if self._params_want_grad is None:
+            self._params_want_grad = any(isinstance(t, torch.Tensor) and t.requires_grad
+                                         for t in self.base.graph.constants.values())
+        if self._params_want_grad or any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+            self._grad_warned = True
+            warnings.warn("streamfuse.compile is for inference: its results carry no gradients (backward() on them "
+                          "raises, and a loss that adds them to other tensors gets no gradient through them). Call "
+                          "it under torch.no_grad(); to train, use torch.compile(model, backend='streamfuse').",
+                          UserWarning, stacklevel=4)

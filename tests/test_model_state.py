@@ -1,0 +1,164 @@
+"""What a compiled model sees of its model after compiling: gradients wanted at a call, train/eval
+switches, parameters given new memory, replaced parameters, buffers and submodules (and the
+registration counter that watches for them), and the autocast state of a call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import randn
+
+import streamfuse
+
+
+def test_a_call_that_would_record_gradients_warns_even_after_the_first_call(config) -> None:  # type: ignore[no-untyped-def]
+    """streamfuse.compile's results carry no gradients: a call with grad enabled where a parameter or
+    an input requires grad warns, at whichever call that first happens (once per model)."""
+    compiled = streamfuse.compile(lambda t: t.exp(), (randn(2, 8),), config)
+    with torch.no_grad():
+        compiled(randn(2, 8))
+    x = randn(2, 8, seed=3).requires_grad_()
+    with pytest.warns(UserWarning, match="carry no gradients"):
+        out = compiled(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, x.detach().exp())
+    model = torch.nn.Linear(8, 4)
+    with torch.no_grad():
+        module = streamfuse.compile(model, (randn(2, 8),), config)
+        module(randn(2, 8))
+    with pytest.warns(UserWarning, match="under torch.no_grad"):
+        module(randn(2, 8))
+
+
+def test_a_model_switched_to_the_other_mode_runs_eagerly_until_it_is_back(config) -> None:  # type: ignore[no-untyped-def]
+    """Compiled in eval mode, then model.train(): dropout must apply as in eager, so calls run the
+    model eagerly (one warning) until model.eval(), then the plan again."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).eval()
+    x = randn(64, 8)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(compiled(x), model(x))
+        model.train()
+        with pytest.warns(UserWarning, match="compiled in eval mode and is in training mode"):
+            dropped = compiled(x)
+        assert 0.3 < float((dropped == 0).float().mean()) < 0.7  # dropout applied, as in eager
+        model.eval()
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.stats["specializations"] == 0
+
+
+def test_a_parameter_given_new_memory_is_seen_by_both_entry_points(config) -> None:  # type: ignore[no-untyped-def]
+    """`p.data = t` (and Module._apply round trips such as `.double().float()`) gives a parameter new
+    memory without a version bump. The backend's inference graph binds again (a hoisted transpose of
+    the Linear weight kept reading the old memory: wrong by 20 on the CPU); streamfuse.compile's
+    plan runs the model eagerly with one warning (its recorded CUDA graphs hold the old address)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    x = randn(4, 16)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config.replace(backend_cuda_graphs=True)))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.data = randn(32, 16, seed=7)
+        torch.testing.assert_close(fast(x), model(x))
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="given new memory"):
+            torch.testing.assert_close(compiled(x), model(x))
+        model.double().float()
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("change", ["parameter", "submodule", "buffer", "tie"])
+def test_a_replaced_parameter_buffer_or_submodule_is_seen_by_both_entry_points(config, change: str) -> None:  # type: ignore[no-untyped-def]
+    """A new object assigned after compiling (`fc.weight = nn.Parameter(w)`, `act = nn.Tanh()`,
+    `register_buffer` again, tying two weights): streamfuse.compile's plan still read the old one and
+    returned stale results, silently (wrong by 2 here). Now it runs the model eagerly with one
+    warning naming what changed; the backend's guards recompile. Building an unrelated model in
+    between (its registrations advance the same counter) changes nothing."""
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.act, self.b = torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16)
+            self.register_buffer("shift", torch.randn(16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.act(self.a(x))) + self.shift
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    x = randn(4, 16)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(compiled(x), model(x))
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))  # registers elsewhere
+        torch.testing.assert_close(compiled(x), model(x))
+        assert compiled.eager_reason is None
+        if change == "parameter":
+            model.b.weight = torch.nn.Parameter(randn(16, 16, seed=3))
+        elif change == "submodule":
+            model.act = torch.nn.Tanh()
+        elif change == "buffer":
+            model.register_buffer("shift", randn(16, seed=4))
+        else:
+            model.b.weight = model.a.weight
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="compile again"):
+            torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(fast(x), model(x))
+        torch.testing.assert_close(compiled(x), model(x))
+    torch._dynamo.reset()
+
+
+def test_the_registration_counter_does_not_make_dynamo_recompile(config) -> None:  # type: ignore[no-untyped-def]
+    """streamfuse.compile installs global registration hooks (runtime/structure.py). A forward that
+    registers a buffer at every call, compiled by the backend, must not have Dynamo guard on the
+    hooks' counter: it recompiled at every call (Hugging Face's static KV cache, session 38)."""
+    class Caching(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.register_buffer("last", x.detach(), persistent=False)
+            return self.lin(x).relu()
+
+    streamfuse.compile(torch.nn.Linear(4, 4), (randn(2, 4),), config)  # installs the hooks
+    model = Caching()
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config))
+    graphs = []
+    with torch.no_grad():
+        for seed in range(5):
+            x = randn(2, 8, seed=seed)
+            torch.testing.assert_close(fast(x), model.lin(x).relu())
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs[-1] == graphs[1], graphs  # nothing compiled after the second call
+    torch._dynamo.reset()
+
+
+def test_a_call_under_another_autocast_state_runs_eagerly(config) -> None:  # type: ignore[no-untyped-def]
+    """Autocast chose each op's dtype when the plan was captured: compiled outside it and called
+    inside, the plan returned float32 (or, with the reference executor, a mix) where eager returns
+    bfloat16, and compiled inside and called outside it returned bfloat16 where eager returns
+    float32. Such calls now run eagerly with one warning; calls in the compiled state stay compiled."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    x = randn(4, 16)
+    with torch.no_grad():
+        plain = streamfuse.compile(model, (x,), config)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = streamfuse.compile(model, (x,), config)
+            want_mixed = model(x)
+            torch.testing.assert_close(mixed(x), want_mixed, rtol=2e-2, atol=2e-2)
+            with pytest.warns(UserWarning, match="compiled under no autocast and is called under autocast to bfloat16"):
+                got = plain(x)
+            assert got.dtype == torch.bfloat16 and torch.equal(got, want_mixed)
+        with pytest.warns(UserWarning, match="compiled under autocast to bfloat16 and is called under no autocast"):
+            got = mixed(x)
+        assert got.dtype == torch.float32 and torch.equal(got, model(x))
+        torch.testing.assert_close(plain(x), model(x))
+        assert plain.eager_reason is None and mixed.eager_reason is None
