@@ -198,6 +198,25 @@ def test_a_bad_first_call_raises_eagers_error_and_keeps_the_plan(config) -> None
         assert compiled.eager_reason is None and compiled._proven
 
 
+def test_a_list_of_tensors_as_one_input_goes_through_the_backend(config) -> None:  # type: ignore[no-untyped-def]
+    """torchvision's detection models take a list of images: streamfuse.compile raised a ValueError
+    for it. Such an input now sends the model through the backend (Dynamo guards the structure), with
+    one warning saying so; a list of another length is another graph."""
+    def model(images: list[torch.Tensor], scale: torch.Tensor) -> list[torch.Tensor]:
+        return [torch.relu(im * scale).sum(0) for im in images]
+
+    images, scale = [randn(3, 4, 4, seed=1), randn(3, 5, 5, seed=2)], randn(1, seed=3)
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match=r"example_inputs\[0\] is a list of 2 tensor"):
+        compiled = streamfuse.compile(model, (images, scale), config)
+    assert isinstance(compiled, streamfuse.BackendFallback)
+    for call in ([images, scale], [[randn(3, 6, 2, seed=4)], scale], [images[::-1] + images, randn(1, seed=5)]):
+        got, want = compiled(*call), model(*call)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert compiled.eager_reason is None and compiled.graphs
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor, a tuple of tensors or a dict"):
         streamfuse.compile(torch.relu, 3.0, config)

@@ -36,6 +36,7 @@ from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
 from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.inputs import graph_device
+from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.memory import PointerCheck, on_out_of_memory, picker
 from streamfuse.runtime.replay import ReplayGraph
@@ -466,9 +467,12 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         compiled_graphs.append(compiled)
 
         retry = not _mutates(gm)
+        gate = CallGate(next((t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"),
+                             torch.device("cpu")))
 
         def run(args: list[Any]) -> list[Any]:
-            return on_out_of_memory(lambda: compiled.run_flat(args), retry=retry)  # type: ignore[no-any-return]
+            with gate:  # one call at a time, in stream order (runtime/gate.py)
+                return on_out_of_memory(lambda: compiled.run_flat(args), retry=retry)  # type: ignore[no-any-return]
 
         run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes the args list itself
         return run

@@ -90,6 +90,20 @@ def keyword_model(model: Callable[..., Any], example_inputs: dict[Any, Any]) -> 
     return KeywordInputs(model, list(example_inputs)), tuple(example_inputs.values())
 
 
+def nested_input(example_inputs: Any) -> str | None:
+    """Names the first example input that is a list, tuple or dict whose leaves are all tensors (such
+    inputs are compiled through the backend: Dynamo guards their structure at every call), or None.
+    Other non-tensor inputs are left to normalize_inputs' error."""
+    items = example_inputs.items() if isinstance(example_inputs, dict) else \
+        enumerate(example_inputs) if isinstance(example_inputs, (tuple, list)) else ()
+    for key, value in items:
+        if isinstance(value, (tuple, list, dict)):
+            leaves = pytree.tree_leaves(value)
+            if leaves and all(isinstance(t, torch.Tensor) for t in leaves):
+                return f"example_inputs[{key!r}] is a {type(value).__name__} of {len(leaves)} tensor(s)"
+    return None
+
+
 def normalize_inputs(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     """A tensor, or a tuple/list of tensors -> tuple; anything else is a ValueError."""
     if isinstance(example_inputs, torch.Tensor):

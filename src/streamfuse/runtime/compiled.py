@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from streamfuse.config import Config
 from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
+from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.executable import Executable, build_executable
 from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_input
 from streamfuse.runtime.fallback import failure_text, warn_fallback
@@ -119,6 +120,8 @@ class CompiledGraph(ModelState):
         the call, when a parameter they came from changed in place; None where nothing was folded."""
         self.inputs_moved = 0
         """Calls whose inputs updated in place had moved from where the graph read them (runtime/graphs.py)."""
+        self.gate = CallGate(base.device)
+        """Calls take turns across threads and wait for the previous call's stream (runtime/gate.py)."""
 
     # -- the pieces of the base plan, for introspection -------------------------------
     @property
@@ -149,10 +152,11 @@ class CompiledGraph(ModelState):
     def __call__(self, *inputs: Any, **named: Any) -> Any:
         if named:
             inputs = self._by_position(inputs, named)
-        if self.base.device.type == "cuda":
-            return on_out_of_memory(lambda: self._entry(inputs), self.base.device,
-                                    retry=not self.base.graph.writebacks)
-        return self._entry(inputs)
+        with self.gate:  # one call at a time, in stream order (runtime/gate.py)
+            if self.base.device.type == "cuda":
+                return on_out_of_memory(lambda: self._entry(inputs), self.base.device,
+                                        retry=not self.base.graph.writebacks)
+            return self._entry(inputs)
 
     def _by_position(self, inputs: tuple[Any, ...], named: dict[str, Any]) -> tuple[Any, ...]:
         """Keyword arguments placed at the positions of the model's parameters of those names (the
