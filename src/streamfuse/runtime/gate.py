@@ -1,8 +1,9 @@
 """One call at a time, in the order of the streams it was issued on.
 
-A compiled model keeps state between calls that eager PyTorch does not: the CUDA graphs' input
-buffers and memcpy nodes, the buffers of the outputs it hands out, the arena of the step-by-step
-path. Two hazards follow, both silent (another call's numbers, no error):
+A compiled model keeps state between calls that eager PyTorch does not: its CUDA graphs' memcpy
+nodes (pointed at each call's inputs just before the replay) or static input buffers, and the
+buffers of the outputs it hands out, the same memory at every replay. Two hazards follow, both
+silent (another call's numbers, no error):
 
 - **Threads.** Two threads calling one compiled model at once would interleave pointing a graph's
   copy nodes at their inputs and replaying it. The gate's lock makes the calls take turns (a
