@@ -225,6 +225,30 @@ def test_single_value_chains_round_through_float32(dtype: torch.dtype, config, d
         torch.testing.assert_close(o, r, rtol=0, atol=0)
 
 
+def test_single_value_chains_decide_on_the_float32_value(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A comparison, an integer cast or a `where` reads a single-value chain's float64 result rounded
+    to float32, as eager decides on it: float32(0.7) * 10 is 7.0 in float32, 6.99999988 in float64
+    (the cast gave 6 and `!= 7` True), and a float32 underflow to 0 must stay 0 (found by the CPU
+    fuzz in session 39, like the NaN gradient below)."""
+    x = torch.tensor([0.7], device=device)
+    fn = lambda t: ((t * 10).to(torch.int32), (t * 10) != 7.0, torch.where((t * 1e-30) * 1e-20 != 0, 1.0, 2.0))
+    want = fn(x)
+    out = streamfuse.compile(fn, (x,), config.replace(executor="triton"))(x)
+    for o, w in zip(out, want, strict=True):
+        torch.testing.assert_close(o, w, rtol=0, atol=0)
+    # amin's backward compares its input (a widened product here) with the float32 minimum: without
+    # the rounding no element tied, and the gradient was 0 / 0
+    fn2 = lambda a: torch.nn.functional.gelu((a * a.mean([0]).reshape([1])).amin(-1).unsqueeze(0) + 0.5)
+    a = torch.tensor([-1.2151], device=device)
+    grads = []
+    for f in (fn2, torch.compile(fn2, backend=streamfuse.make_backend(config.replace(executor="triton")))):
+        leaf = a.clone().requires_grad_()
+        (g,) = torch.autograd.grad(f(leaf) * 3.0, [leaf])
+        grads.append(g)
+    torch._dynamo.reset()
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 def test_an_empty_batch_through_a_reshape_runs_compiled(config, device) -> None:  # type: ignore[no-untyped-def]
     """A (0, 5, 32) input through Linear -> ReLU -> Linear: the views to and from 2-D have zero
     elements, and the index of a zero-size reshape is never read (it raised IndexError, and the

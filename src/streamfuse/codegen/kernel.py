@@ -14,6 +14,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -391,6 +392,8 @@ class Emitter:
                     for a in node.args]
             assert node.dtype is not None
             wide = torch.float64 if single_value_float64(node) else compute_dtype(node.dtype)
+            if wide is not torch.float64:
+                args = [_rounded(v, a) for v, a in zip(args, node.args, strict=True)]
             result = self.tmp(emit_pointwise(node, args, self.target, wide), wide)
         self.cache[key] = result
         return result
@@ -560,3 +563,17 @@ class Emitter:
                             num_warps=num_warps, constexprs=constexprs, ops=ops, num_stages=num_stages,
                             rng=self.uses_rng, pdl=self.pdl,
                             output_strides=[store_strides(o) for o in self.group.outputs])
+
+
+def _rounded(value: Any, arg: Any) -> Any:
+    """A single-value chain's float64 result (pointwise_ops.single_value_float64) rounded to its
+    node's float32 where an op that is not widened reads it: a comparison, a cast to an integer or a
+    bool, a `where`. Eager decides these on the float32 value: float32(0.7) * 10 is 7.0 in float32 and
+    6.99999988 in float64, so `.to(int32)` gave 6 and `!= 7` True; amin's backward compared the
+    widened input with the float32 minimum, found no tie and divided by zero (NaN gradient; CPU fuzz,
+    session 39)."""
+    if isinstance(value, Operand) and value.dtype is torch.float64 and isinstance(arg, Node) \
+            and arg.dtype is torch.float32:
+        return Operand(cast(value, torch.float32), torch.float32)
+    return value
+
