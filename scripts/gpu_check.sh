@@ -299,7 +299,8 @@ step s38-vision 560 streamfuse bench --suite models --models resnet50,googlenet,
 # its GPU test has not run yet), a list input through streamfuse.compile; torchvision's detection models
 # through both entry points; the suite's text models not run since session 36
 step s39-gate 150 python3 -m pytest -q -W ignore -p no:logging tests/test_gate.py tests/test_api.py tests/test_ops.py \
-  -k "gate or stream or threads or list_of_tensors or single_value"
+  tests/test_gather.py \
+  -k "gate or stream or threads or list_of_tensors or single_value or one_element"
 step s39-detect 500 python3 benchmarks/detection_check.py
 step s39-text 500 streamfuse bench --suite models --models distilbert,roberta,t5 \
   --batch 1 --dtype float32 --modes $MODES_SF --reps 5 --out "$OUT/s39-text"

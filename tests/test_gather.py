@@ -58,6 +58,20 @@ def test_a_lookup_alone_is_a_generated_kernel(config, device) -> None:  # type: 
     torch.testing.assert_close(compiled(ids), fn(ids))
 
 
+def test_a_table_of_one_element(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A [1, 1] table: the kernel read its one element through the bare pointer with a block mask,
+    which Triton rejects, and the plan fell back to eager (found by the CPU fuzz, session 39)."""
+    table = randn(1, 1, device=device, seed=13)
+    fn = lambda t, ids: F.embedding(ids, t) * 3.0
+    ids = torch.zeros(5, dtype=torch.int64, device=device)
+    compiled = streamfuse.compile(fn, (table, ids), config)
+    assert gathers(compiled)
+    torch.testing.assert_close(compiled(table, ids), fn(table, ids))
+    bad = ids.clone()
+    bad[1] = 1
+    assert torch.isnan(compiled(table, bad)[1]).all()
+
+
 def test_an_index_outside_the_table_gives_nan_not_a_stray_read(config, device) -> None:  # type: ignore[no-untyped-def]
     """Eager raises on such an index; the generated kernel reads nothing for it and writes NaN, so
     the error shows in the result instead of whatever lies past the table."""
