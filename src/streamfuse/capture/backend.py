@@ -35,9 +35,9 @@ from streamfuse.config import Config
 from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
 from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
-from streamfuse.runtime.inputs import graph_device
-from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.fallback import failure_text, warn_fallback
+from streamfuse.runtime.gate import CallGate
+from streamfuse.runtime.inputs import accelerator_of, graph_device
 from streamfuse.runtime.memory import PointerCheck, on_out_of_memory, picker
 from streamfuse.runtime.replay import ReplayGraph
 
@@ -467,8 +467,7 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         compiled_graphs.append(compiled)
 
         retry = not _mutates(gm)
-        gate = CallGate(next((t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.device.type != "cpu"),
-                             torch.device("cpu")))
+        gate = CallGate(accelerator_of(example_inputs))
 
         def run(args: list[Any]) -> list[Any]:
             with gate:  # one call at a time, in stream order (runtime/gate.py)

@@ -122,7 +122,8 @@ _WIDENED = frozenset({"add", "sub", "rsub", "mul", "div", "neg", "reciprocal", "
 
 def single_value_float64(node: Node) -> bool:
     """A float32 arithmetic op on single values (every tensor operand holds one element) is computed
-    in float64 and rounded once where its value is stored or meets a larger tensor. Such chains are
+    in float64 and rounded once where its value is stored or meets a larger tensor, and where any op
+    that is not widened reads it (a comparison, a cast: kernel.py `_rounded`). Such chains are
     scalar bookkeeping, above all an optimizer's bias corrections: eager Adam computes
     `1 - beta2 ** step` in Python floats (double), a traced step in float32 tensors, where the
     cancellation costs ~1e-5 relative (issue 16 asks for 1e-6 of eager: run 63, 3.9e-6 for both

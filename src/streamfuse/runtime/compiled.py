@@ -24,12 +24,12 @@ import torch.utils._pytree as pytree
 from streamfuse.config import Config
 from streamfuse.ir.batch import Rows, batch_rows
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.executable import Executable, build_executable
-from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_input
 from streamfuse.runtime.fallback import failure_text, warn_fallback
+from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
+from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_input
 from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
 from streamfuse.runtime.model_state import ModelState
 from streamfuse.runtime.structure import autocast_state

@@ -15,8 +15,13 @@ def graph_device(graph: Graph, example_inputs: Sequence[Any]) -> torch.device:
     """The device of the graph's tensors: the first accelerator among inputs and constants (0-dim
     CPU tensors, such as SDPA's host Philox seed or a traced literal, come beside device tensors),
     else the CPU."""
-    tensors = [t for t in list(example_inputs) + list(graph.constants.values()) if isinstance(t, torch.Tensor)]
-    return next((t.device for t in tensors if t.device.type != "cpu"), torch.device("cpu"))
+    return accelerator_of(list(example_inputs) + list(graph.constants.values()))
+
+
+def accelerator_of(values: Sequence[Any]) -> torch.device:
+    """The device of the first tensor among `values` that is not on the CPU, else the CPU."""
+    return next((t.device for t in values if isinstance(t, torch.Tensor) and t.device.type != "cpu"),
+                torch.device("cpu"))
 
 
 def scalars_to_device(inputs: list[Any] | tuple[Any, ...], at: Sequence[int], device: torch.device,
