@@ -416,6 +416,22 @@ def test_a_function_without_inputs(config) -> None:  # type: ignore[no-untyped-d
         compiled(table)
 
 
+def test_a_compiled_graph_refuses_copy_and_pickle_by_name(config) -> None:  # type: ignore[no-untyped-def]
+    """deepcopy used to fail deep inside torch ('Only Tensors created explicitly by the user ... support
+    the deepcopy protocol'), pickle on a pybind11 record; both now say what to do instead."""
+    import copy
+    import pickle
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    x = randn(4, 8)
+    compiled = streamfuse.compile(model, (x,), config)
+    for attempt in (copy.deepcopy, copy.copy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be (copied|pickled).*streamfuse.compile"):
+            attempt(compiled)
+    twin = streamfuse.compile(copy.deepcopy(model), (x,), config)  # the way the message gives
+    torch.testing.assert_close(twin(x), model(x))
+
+
 def test_compile_results_carry_no_partial_gradients(config) -> None:  # type: ignore[no-untyped-def]
     """Generated kernels record no autograd graph: results that kept one through the ATen steps
     alone would give partial gradients, silently. streamfuse.compile's results carry none, and a

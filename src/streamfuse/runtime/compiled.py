@@ -148,6 +148,16 @@ class CompiledGraph(ModelState):
     def device(self) -> torch.device:
         return self.base.device
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        raise TypeError(f"a {type(self).__name__} cannot be copied: its kernels, buffers and CUDA graphs are bound "
+                        "to this process and to the model it was compiled from. Copy the model and compile the "
+                        "copy: streamfuse.compile(copy.deepcopy(model), example_inputs)")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"a {type(self).__name__} cannot be pickled or copied: its kernels, buffers and CUDA graphs "
+                        "are bound to this process. Save the model (its state_dict) and call streamfuse.compile "
+                        "again after loading it")
+
     # -- calling ------------------------------------------------------------------------
     def __call__(self, *inputs: Any, **named: Any) -> Any:
         if named:
