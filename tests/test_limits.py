@@ -80,7 +80,8 @@ def test_a_reduction_grid_smaller_than_the_gpu_gives_each_row_more_warps(config)
         assert math.ceil(rows / block_m) < 132 and block_r == 1024
         assert block_m * block_r // (32 * warps) == config.reduction_small_grid_elems_per_thread
         _, _, fewer = reduction_launch(ReductionDomain(shape=(rows, 768), dims=(1,)),
-                                       config.replace(reduction_small_grid_elems_per_thread=16), 132)
+                                       config.replace(reduction_small_grid_elems_per_thread=16,
+                                                      reduction_elems_per_thread=16), 132)
         assert fewer == warps // 4
     block_m, block_r, warps = reduction_launch(ReductionDomain(shape=(301056, 49), dims=(1,)), config, 132)
     assert block_m * block_r // (32 * warps) == config.reduction_elems_per_thread

@@ -150,8 +150,12 @@ class Config:
     (spills, shared memory): the planner does not divide its per-thread work to restore estimated
     occupancy, which costs a memory-bound kernel its loads in flight (run 98: a cat + batch-norm +
     ReLU over 12.8M elements, 1679 GB/s at 2 elements per thread, 3883 GB/s at 8). 0: always."""
-    reduction_elems_per_thread: int = 16
-    """Register budget for a persistent reduction's row tile, in elements per thread."""
+    reduction_elems_per_thread: int = 8
+    """Register budget for a persistent reduction's row tile, in elements per thread. Run 153
+    (benchmarks/reduction_tiles.py, H200, fp32): 8 was the fastest or level on all eight real-model
+    softmaxes and layer norms timed at 2, 4, 8, 16 and 32; against 16 (the earlier default) it took
+    7% off swin_t's window softmax (rows of 49), 12% off ViT-B's softmax (rows of 197) and 2-8% off
+    the layer norms over 96 and 768; 4 was level on short rows and slower on rows of 768."""
     reduction_small_grid_elems_per_thread: int = 4
     """A persistent reduction whose grid has fewer programs than the GPU has SMs (a layer norm at
     batch 1) is latency-bound, and occupancy is no concern: its row tile gets at most this many
