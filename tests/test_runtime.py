@@ -187,6 +187,43 @@ def test_group_norm_and_a_cat_after_an_empty_tensor_keep_their_padding(config) -
         assert compiled.batch_reason is None and compiled.stats["specializations"] == 0
 
 
+def test_an_arange_of_the_batch_and_a_pad_beside_the_batch_keep_their_padding(config) -> None:  # type: ignore[no-untyped-def]
+    """Two more false positives (session 40's HF sweep; each gave every batch size a plan of its own):
+    transformers' mask builders index the padding mask by torch.arange(batch), which the capture folds
+    into a constant (ir/batch.CONST_IOTA), and MobileBERT pads `x[:, 1:]` with a zero pair for dim 0.
+    Both keep padding now and match eager. A fixed table that equals arange(batch) only at the compiled
+    batch is refused by the batch check, so a smaller batch raises IndexError as eager does."""
+    def mask_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(x.shape[0])
+        return x * keep[rows[:, None], torch.arange(x.shape[1])[None, :]]
+
+    def pad_rows(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x[:, 1:], [0, 0, 0, 1, 0, 0]) * 2
+
+    for fn, shapes in ((mask_rows, ((4, 6), (4, 6))), (pad_rows, ((4, 5, 3),))):
+        with torch.no_grad():
+            compiled = streamfuse.compile(fn, tuple(randn(*s, seed=i) for i, s in enumerate(shapes)), config)
+            for batch in (3, 1, 5):
+                xs = tuple(randn(batch, *s[1:], seed=batch + i) for i, s in enumerate(shapes))
+                torch.testing.assert_close(compiled(*xs), fn(*xs), rtol=1e-5, atol=1e-5)
+        assert compiled.batch_reason is None and compiled.stats["specializations"] == 0, fn.__name__
+
+    table = torch.arange(4)
+
+    def fixed(x: torch.Tensor) -> torch.Tensor:
+        return x[table[:, None], torch.arange(x.shape[1])[None, :]] * 2
+
+    with torch.no_grad():
+        compiled = streamfuse.compile(fixed, (randn(4, 6),), config)
+        with pytest.raises(IndexError):
+            fixed(randn(3, 6))
+        with pytest.raises(IndexError):
+            compiled(randn(3, 6))
+        x = randn(5, 6, seed=5)
+        torch.testing.assert_close(compiled(x), fixed(x))
+    assert compiled.batch_reason is not None and "does not follow the batch" in compiled.batch_reason
+
+
 def test_bad_batches_and_shapes_give_clear_errors(config) -> None:  # type: ignore[no-untyped-def]
     config = config.replace(max_specializations=0)  # strict: no plan of its own for another shape
     with torch.no_grad():

@@ -30,6 +30,16 @@ class Rows:
 
 State = str | Rows
 
+CONST_IOTA = "const-iota"
+"""A constant that holds torch.arange(batch), or a view of one with every other dim of size 1. It
+is a constant like any other (CONST) except as an index along dim 0 (`_index`), where it selects each
+batch element's own rows. Captures fold `torch.arange(x.shape[0])` into such a constant (transformers'
+attention-mask builders index the padding mask by it: session 40's HF sweep). Whether it follows the
+batch, rather than being a fixed table that equals arange(batch) by chance, is left to the batch
+check, which captures the model at a second batch size: `batch_signature` writes such a constant as
+an arange, and `differs_beyond_batch` refuses one of length batch that keeps its length at the
+other batch (a fixed table: eager would index past the rows of a smaller batch)."""
+
 # Ops that map over dim 0: each batch element's result comes from that element's rows alone, when
 # their batch-carrying inputs have the batch at dim 0 (weights and index tables are constants).
 _ROW_WISE = {
@@ -89,8 +99,8 @@ def batch_rows(graph: Graph) -> dict[Node, State] | str:
         if not n.shape or n.shape[0] != batch:
             return f"input %{n.name} has shape {list(n.shape)}: every input must have the batch ({batch}) at dim 0"
         state[n] = Rows(1)
-    for n in graph.constants:
-        state[n] = CONST
+    for n, value in graph.constants.items():
+        state[n] = CONST_IOTA if n.shape == (batch,) and _is_arange(value) else CONST
     for n in graph.ops():
         result = _transfer(n, state, batch)
         if isinstance(result, tuple):
@@ -108,6 +118,8 @@ def _transfer(n: Node, state: dict[Node, State], batch: int) -> State | tuple[st
     if not rows:
         if _is_batch_arange(n, batch):
             return Rows(1, iota=True)
+        if _iota_view(n, state, batch):
+            return CONST_IOTA
         src = n.args[0] if n.args else None
         if packet_name(n.op) == "expand" and isinstance(src, Node) and n.shape and n.shape[0] % batch == 0 \
                 and (len(src.shape) < len(n.shape) or src.shape[0] != n.shape[0]):
@@ -140,7 +152,12 @@ def _transfer(n: Node, state: dict[Node, State], batch: int) -> State | tuple[st
     if name == "constant_pad_nd":  # pads the last len(pad) // 2 dims
         pad = n.args[1] if len(n.args) > 1 else n.kwargs.get("pad", [])
         src = n.args[0]
-        return rows[0] if isinstance(src, Node) and len(pad) // 2 < len(src.shape) else ("pads the batch dimension",)
+        if not isinstance(src, Node):
+            return ("pads the batch dimension",)
+        first = 2 * (len(src.shape) - 1)  # pad lists (before, after) pairs from the last dim back: dim 0's pair
+        if len(pad) // 2 < len(src.shape) or all(isinstance(p, int) and p == 0 for p in pad[first:first + 2]):
+            return rows[0]
+        return ("pads the batch dimension",)
     if name in _ROW_WISE:
         if not n.is_tensor:  # several results (read through getitem): each has the batch at dim 0
             return rows[0]
@@ -152,6 +169,28 @@ def _tagged_pointwise(n: Node) -> bool:
     """ATen marks elementwise ops with torch.Tag.pointwise (bitwise ops, comparisons, ...): they map
     over every dim, whatever streamfuse's fusion table says about generating them."""
     return torch.Tag.pointwise in getattr(n.target, "tags", ())
+
+
+def _is_arange(value: Any) -> bool:
+    """A real 1-D integer tensor holding 0, 1, ..., len - 1."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.is_floating_point() \
+            or value.is_complex() or value.dtype is torch.bool or value.is_meta or is_fake(value):
+        return False
+    return bool(torch.equal(value.detach().cpu(), torch.arange(value.numel(), dtype=value.dtype)))
+
+
+def _iota_view(n: Node, state: dict[Node, State], batch: int) -> bool:
+    """A view of a CONST_IOTA constant that keeps the arange along dim 0: unsqueeze, view or
+    reshape to (batch, 1, ..., 1), or an expand of such a view over its size-1 dims."""
+    src = n.args[0] if n.args else None
+    if not isinstance(src, Node) or state.get(src) != CONST_IOTA or not n.shape or n.shape[0] != batch:
+        return False
+    name = packet_name(n.op)
+    if name in ("unsqueeze", "view", "_unsafe_view", "reshape", "alias"):
+        return all(d == 1 for d in n.shape[1:])
+    return name == "expand" and len(src.shape) == len(n.shape)
 
 
 def _is_batch_arange(n: Node, batch: int) -> bool:
@@ -180,7 +219,7 @@ def _index(n: Node, state: dict[Node, State]) -> State | tuple[str]:
         if used != list(range(used[0], used[-1] + 1)):
             return ("non-adjacent advanced indices move the result's dims",)
         return Rows(src_state.k)
-    if isinstance(first, Rows) and first.iota and src_state.k == 1:
+    if (first == CONST_IOTA or isinstance(first, Rows) and first.iota) and src_state.k == 1:
         return Rows(1)
     return ("indexes the batch dimension",)
 
@@ -245,7 +284,8 @@ def batch_signature(graph: Graph) -> list[NodeSig]:
     sig: list[NodeSig] = []
     for n in graph.nodes:
         value = graph.constants.get(n)
-        small = tuple(value.detach().flatten().tolist()) if isinstance(value, torch.Tensor) and value.numel() <= 64 else None
+        small = ("arange",) if _is_arange(value) else \
+            tuple(value.detach().flatten().tolist()) if isinstance(value, torch.Tensor) and value.numel() <= 64 else None
         sig.append((n.op, tuple(n.shape), str(n.dtype), skeleton(n.args), (skeleton(n.kwargs), small)))
     return sig
 
@@ -279,6 +319,9 @@ def differs_beyond_batch(base: list[NodeSig], other: list[NodeSig], batch: int, 
             return f"node {i} is {op} at batch {batch} and {t[0]} at batch {other_batch}"
         if len(shape) != len(t[1]) or shape[1:] != t[1][1:] or not (shape[:1] == t[1][:1] or scaled(shape[0], t[1][0])):
             return f"node {i} ({op}) has shape {list(shape)} at batch {batch} and {list(t[1])} at batch {other_batch}"
+        if kwargs[1] == ("arange",) and shape == (batch,) and tuple(t[1]) != (other_batch,):
+            # a constant arange(batch) (CONST_IOTA) that keeps its length: a fixed table, not the batch's rows
+            return f"node {i} holds torch.arange({batch}) at batch {batch} and does not follow the batch to {other_batch}"
         name = packet_name(op)
         bounds = name == "arange"
         batch_at = _BATCH_ARGUMENTS.get(name, ())
