@@ -190,8 +190,8 @@ def test_group_norm_and_a_cat_after_an_empty_tensor_keep_their_padding(config) -
 def test_an_arange_of_the_batch_and_a_pad_beside_the_batch_keep_their_padding(config) -> None:  # type: ignore[no-untyped-def]
     """Two more false positives (session 40's HF sweep; each gave every batch size a plan of its own):
     transformers' mask builders index the padding mask by torch.arange(batch), which the capture folds
-    into a constant (ir/batch.CONST_IOTA), and MobileBERT pads `x[:, 1:]` with a zero pair for dim 0.
-    Both keep padding now and match eager. A fixed table that equals arange(batch) only at the compiled
+    into a constant (ir/batch.CONST_IOTA), CLIP pools `x[arange(batch), ids.argmax(-1)]`, and MobileBERT
+    pads `x[:, 1:]` with a zero pair for dim 0. All keep padding now and match eager. A fixed table that equals arange(batch) only at the compiled
     batch is refused by the batch check, so a smaller batch raises IndexError as eager does."""
     def mask_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         rows = torch.arange(x.shape[0])
@@ -200,7 +200,10 @@ def test_an_arange_of_the_batch_and_a_pad_beside_the_batch_keep_their_padding(co
     def pad_rows(x: torch.Tensor) -> torch.Tensor:
         return F.pad(x[:, 1:], [0, 0, 0, 1, 0, 0]) * 2
 
-    for fn, shapes in ((mask_rows, ((4, 6), (4, 6))), (pad_rows, ((4, 5, 3),))):
+    def pool_rows(x: torch.Tensor, score: torch.Tensor) -> torch.Tensor:  # CLIP's text pooling
+        return x[torch.arange(x.shape[0]), score.argmax(-1)] * 2
+
+    for fn, shapes in ((mask_rows, ((4, 6), (4, 6))), (pad_rows, ((4, 5, 3),)), (pool_rows, ((4, 6, 3), (4, 6)))):
         with torch.no_grad():
             compiled = streamfuse.compile(fn, tuple(randn(*s, seed=i) for i, s in enumerate(shapes)), config)
             for batch in (3, 1, 5):

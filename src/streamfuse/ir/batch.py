@@ -205,22 +205,31 @@ def _is_batch_arange(n: Node, batch: int) -> bool:
 def _index(n: Node, state: dict[Node, State]) -> State | tuple[str]:
     """aten.index.Tensor (advanced indexing, self[i0, i1, ...]): rows stay independent where dim 0 is
     either not indexed (then the indexed dims must be adjacent, so the result keeps dim 0 first) or
-    indexed by the batch's own positions (Rows.iota) with the other indices not carrying the batch."""
+    indexed by the batch's own positions (Rows.iota, CONST_IOTA) with the other indices constant or
+    one row per batch element."""
     src, indices = n.args[0], list(n.args[1]) if len(n.args) > 1 else []
     src_state = state.get(src) if isinstance(src, Node) else None
     used = [i for i, x in enumerate(indices) if x is not None]
     others = [state.get(indices[i]) for i in used if i != 0]
+    first = state.get(indices[0]) if indices and indices[0] is not None else None
+    if isinstance(src_state, Rows) and src_state.k == 1 and (first == CONST_IOTA or isinstance(first, Rows) and first.iota):
+        # self[arange(B)[:, None], j] with j constant or one index row per batch element (CLIP's pooling,
+        # x[arange(B), ids.argmax(-1)]): element b reads its own row. The indices broadcast from the
+        # right, so none may have more dims than the batch's positions, and one that carries the
+        # batch needs as many (its dim 0 is then the batch's).
+        rank = len(indices[0].shape)
+        if all(len(indices[i].shape) <= rank and (not isinstance(state.get(indices[i]), Rows) or (
+                state[indices[i]].k == 1 and len(indices[i].shape) == rank)) for i in used):
+            return Rows(1)
+        return ("indexes the batch dimension with indices that move it",)
     if not isinstance(src_state, Rows) or any(isinstance(o, Rows) for o in others):
         return ("indexes with tensors that carry the batch",)
     if not used:
         return src_state
-    first = state.get(indices[0]) if indices and indices[0] is not None else None
     if indices[0] is None:
         if used != list(range(used[0], used[-1] + 1)):
             return ("non-adjacent advanced indices move the result's dims",)
         return Rows(src_state.k)
-    if (first == CONST_IOTA or isinstance(first, Rows) and first.iota) and src_state.k == 1:
-        return Rows(1)
     return ("indexes the batch dimension",)
 
 
