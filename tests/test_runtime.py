@@ -216,7 +216,17 @@ def test_an_arange_of_the_batch_and_a_pad_beside_the_batch_keep_their_padding(co
     def fixed(x: torch.Tensor) -> torch.Tensor:
         return x[table[:, None], torch.arange(x.shape[1])[None, :]] * 2
 
+    positions = torch.arange(6)
+
+    def lookup(x: torch.Tensor) -> torch.Tensor:  # a table equal to arange(batch), not an index of the batch
+        return x * positions
+
     with torch.no_grad():
+        compiled = streamfuse.compile(lookup, (randn(6, 6),), config)
+        for batch in (3, 1, 5):
+            x = randn(batch, 6, seed=batch)
+            torch.testing.assert_close(compiled(x), lookup(x), rtol=1e-5, atol=1e-5)
+        assert compiled.batch_reason is None and compiled.stats["specializations"] == 0
         compiled = streamfuse.compile(fixed, (randn(4, 6),), config)
         with pytest.raises(IndexError):
             fixed(randn(3, 6))

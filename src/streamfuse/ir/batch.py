@@ -37,8 +37,9 @@ batch element's own rows. Captures fold `torch.arange(x.shape[0])` into such a c
 attention-mask builders index the padding mask by it: session 40's HF sweep). Whether it follows the
 batch, rather than being a fixed table that equals arange(batch) by chance, is left to the batch
 check, which captures the model at a second batch size: `batch_signature` writes such a constant as
-an arange, and `differs_beyond_batch` refuses one of length batch that keeps its length at the
-other batch (a fixed table: eager would index past the rows of a smaller batch)."""
+an arange where it is an index's first index, and `differs_beyond_batch` refuses one of length batch
+that keeps its length at the other batch (a fixed table: eager would index past the rows of a
+smaller batch)."""
 
 # Ops that map over dim 0: each batch element's result comes from that element's rows alone, when
 # their batch-carrying inputs have the batch at dim 0 (weights and index tables are constants).
@@ -181,6 +182,12 @@ def _is_arange(value: Any) -> bool:
     return bool(torch.equal(value.detach().cpu(), torch.arange(value.numel(), dtype=value.dtype)))
 
 
+_IOTA_RESHAPES = ("unsqueeze", "view", "_unsafe_view", "reshape", "alias")
+_IOTA_VIEWS = (*_IOTA_RESHAPES, "expand")
+"""Views that keep a CONST_IOTA constant's values along dim 0 (reshapes to (batch, 1, ..., 1), and
+expands of those)."""
+
+
 def _iota_view(n: Node, state: dict[Node, State], batch: int) -> bool:
     """A view of a CONST_IOTA constant that keeps the arange along dim 0: unsqueeze, view or
     reshape to (batch, 1, ..., 1), or an expand of such a view over its size-1 dims."""
@@ -188,7 +195,7 @@ def _iota_view(n: Node, state: dict[Node, State], batch: int) -> bool:
     if not isinstance(src, Node) or state.get(src) != CONST_IOTA or not n.shape or n.shape[0] != batch:
         return False
     name = packet_name(n.op)
-    if name in ("unsqueeze", "view", "_unsafe_view", "reshape", "alias"):
+    if name in _IOTA_RESHAPES:
         return all(d == 1 for d in n.shape[1:])
     return name == "expand" and len(src.shape) == len(n.shape)
 
@@ -274,6 +281,26 @@ NodeSig = tuple[str, tuple[int, ...], str, Any, Any]
 """(op, shape, dtype, args, kwargs) with node references as ("%", position in the graph)."""
 
 
+def _row_index_constants(graph: Graph) -> set[Node]:
+    """Constants that are, through views, the first index of an aten.index (where a CONST_IOTA one
+    selects the batch's own rows): only these are written as an arange in the batch signature, so
+    another 1-D arange constant (positions) still compares by value and keeps its padding when its
+    length happens to equal the batch."""
+    def root(x: Any) -> Any:
+        while isinstance(x, Node) and x not in graph.constants and packet_name(x.op) in _IOTA_VIEWS and x.args:
+            x = x.args[0]
+        return x
+
+    heads: set[Node] = set()
+    for n in graph.ops():
+        if packet_name(n.op) != "index" or len(n.args) < 2 or not n.args[1] or root(n.args[0]) in graph.constants:
+            continue  # (a table of weights looked up by positions does not index the batch)
+        x = root(n.args[1][0])
+        if isinstance(x, Node) and x in graph.constants:
+            heads.add(x)
+    return heads
+
+
 def batch_signature(graph: Graph) -> list[NodeSig]:
     """What two captures of one model at two batch sizes must share (see `differs_beyond_batch`);
     small constants (up to 64 elements: lifted literals such as torch.tensor(x.shape[0])) by value."""
@@ -290,10 +317,11 @@ def batch_signature(graph: Graph) -> list[NodeSig]:
             return ("tensor", tuple(a.shape), str(a.dtype))
         return a
 
+    heads = _row_index_constants(graph)
     sig: list[NodeSig] = []
     for n in graph.nodes:
         value = graph.constants.get(n)
-        small = ("arange",) if _is_arange(value) else \
+        small = ("arange",) if n in heads and _is_arange(value) else \
             tuple(value.detach().flatten().tolist()) if isinstance(value, torch.Tensor) and value.numel() <= 64 else None
         sig.append((n.op, tuple(n.shape), str(n.dtype), skeleton(n.args), (skeleton(n.kwargs), small)))
     return sig
