@@ -576,4 +576,3 @@ def _rounded(value: Any, arg: Any) -> Any:
             and arg.dtype is torch.float32:
         return Operand(cast(value, torch.float32), torch.float32)
     return value
-
