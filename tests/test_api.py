@@ -311,6 +311,58 @@ def test_an_in_place_view_of_an_intermediate_stays_on_the_one_trace_path(config)
     assert "aten.as_strided.default" in {n.op for n in compiled.graph.nodes}
 
 
+def test_writes_that_functionalization_leaves_are_never_dropped(config) -> None:  # type: ignore[no-untyped-def]
+    """Circular padding copies into slices of the padded tensor it made, and the one-trace capture
+    kept those copies as side effects, which the graph dropped as dead code: streamfuse.compile
+    returned the uninitialised tensor (1e25 or NaN; helper sweep, session 41). Such a trace now goes
+    to AOTAutograd's export, and the graph converter refuses any write it would otherwise drop."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streamfuse.ir.from_fx import UnsupportedGraph, graph_from_fx
+
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(3, 4, 3, padding=1, padding_mode="circular").eval()
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (randn(2, 3, 6, 6),), config)
+        for batch in (2, 3):
+            x = randn(batch, 3, 6, 6, seed=batch)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        pad = streamfuse.compile(lambda x: F.pad(x, (1, 2, 2, 1), mode="circular"), (randn(2, 3, 5, 5),), config)
+        x = randn(2, 3, 5, 5, seed=7)
+        assert torch.equal(pad(x), F.pad(x, (1, 2, 2, 1), mode="circular"))
+    assert "writes into a view" in compiled.capture_path
+
+    def writes(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)  # a write that a graph handed to the converter should not hold
+        return x + 1
+
+    graph_module = make_fx(writes)(randn(2, 3))
+    assert any(n.target is torch.ops.aten.add_.Tensor for n in graph_module.graph.nodes)
+    with pytest.raises(UnsupportedGraph, match="writes into one of its arguments"):
+        graph_from_fx(graph_module)
+
+
+def test_effect_token_graphs_run_as_handed_through_the_backend(config) -> None:  # type: ignore[no-untyped-def]
+    """torch.linalg.inv's error check is ordered by an AOTAutograd effect token, passed as None at
+    run time: the backend crashed on it with BadInput (helper sweep, session 41). Such a graph now
+    runs as handed, with the fallback warning naming why; inference and gradients match eager."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.inv(x).sum(-1) * 2
+
+    x = randn(2, 4, 4) + 4 * torch.eye(4)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=streamfuse.make_backend(config))
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="effect tokens"):
+        got = compiled(x)
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        compiled(a).sum().backward()  # a training graph pair of its own
+    torch.testing.assert_close(got, fn(x), rtol=1e-5, atol=1e-5)
+    fn(b).sum().backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+
+
 class _SharedEncoding(torch.nn.Module):
     """One submodule registered under two parents, as timm's CoaT shares its positional encoding."""
 

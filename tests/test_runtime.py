@@ -166,6 +166,49 @@ def test_a_model_that_only_reshapes_by_the_batch_keeps_its_padding(config) -> No
         assert compiled.batch_reason is None and compiled.stats["specializations"] == 0
 
 
+def test_tensors_made_with_the_batch_size_are_sliced_and_never_summed_over_padding(config) -> None:  # type: ignore[no-untyped-def]
+    """A tensor made from the batch's size alone (zeros_like(x), ones(x.shape[0], n)) holds rows of
+    the batch: a padded call returns it at the caller's batch, and a sum over its batch dimension
+    (which would count the padding rows) keeps the batch from being padded (helper sweep, session 41:
+    (4, 16) returned for (3, 16), and `ones_like(x).sum()` 64 instead of 48)."""
+    def made(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.zeros_like(x), torch.ones(x.shape[0], 3) * 2, x + 1
+
+    def summed(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1) / torch.ones_like(x).sum()
+
+    for compiled_batch in (2, 1):
+        with torch.no_grad():
+            compiled = streamfuse.compile(made, (randn(compiled_batch, 16),), config)
+            for batch in (3, 5, 2):
+                x = randn(batch, 16, seed=batch)
+                got, want = compiled(x), made(x)
+                assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want]
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert compiled.batch_reason is None and compiled.stats["specializations"] == 0
+            compiled = streamfuse.compile(summed, (randn(compiled_batch, 16),), config)
+            for batch in (3, 5):
+                x = randn(batch, 16, seed=batch)
+                torch.testing.assert_close(compiled(x), summed(x), rtol=1e-5, atol=1e-6)
+            assert compiled.batch_reason is not None and "reduces over the batch" in compiled.batch_reason
+
+
+def test_padding_rows_repeat_a_real_row(config) -> None:  # type: ignore[no-untyped-def]
+    """Padded rows copy the last real row, so an integer divisor input is never zero there (ATen's
+    CPU integer division raised on zero-padded rows: helper sweep, session 41)."""
+    def fn(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.floor_divide(a, b), a % b
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randint(-20, 20, (2, 16), generator=gen), torch.randint(1, 4, (2, 16), generator=gen)
+    compiled = streamfuse.compile(fn, (a, b), config)
+    compiled(a, b)
+    for batch in (3, 5):
+        a, b = torch.randint(-20, 20, (batch, 16), generator=gen), torch.randint(1, 4, (batch, 16), generator=gen)
+        assert all(torch.equal(g, w) for g, w in zip(compiled(a, b), fn(a, b), strict=True))
+    assert compiled.batch_reason is None and compiled.eager_reason is None and 4 in compiled._variants
+
+
 def test_group_norm_and_a_cat_after_an_empty_tensor_keep_their_padding(config) -> None:  # type: ignore[no-untyped-def]
     """Two false positives of the batch checks (session-27 timm/HF sweep): native_group_norm takes
     the batch size as an int argument (GroupNorm normalizes each sample alone: poolformer), and

@@ -77,7 +77,7 @@ def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config,
 
 def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph:
     from streamfuse.capture.export import Captured, KeywordInputs, capture
-    from streamfuse.ir.batch import batch_signature, differs_beyond_batch
+    from streamfuse.ir.batch import batch_rows, batch_signature, batch_sized, differs_beyond_batch, padded_outputs
     from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import Graph
@@ -110,23 +110,36 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
 
     traced: dict[int, Graph] = {}
     """Graphs batch_check traced, for the bucket capture that may follow at the same batch."""
+    signatures: dict[int, list[Any]] = {base_batch: signature} if base_batch >= 2 else {}
+    """Signatures of the captures at batch sizes of at least 2 (a trace at batch 1 may drop size-1 views)."""
 
     def traced_at(batch: int) -> Graph:
         traced[batch] = convert(capture(model, tuple(torch.zeros((batch,) + t.shape[1:], dtype=t.dtype,
                                                                  device=t.device) for t in inputs)))
+        signatures.setdefault(batch, batch_signature(traced[batch]))
         return traced[batch]
 
-    def compare(sig: list[Any], batch: int, other: Graph, other_batch: int) -> None:
-        reason = differs_beyond_batch(sig, batch_signature(other), batch, other_batch)
+    def compare(sig: list[Any], batch: int, other: Graph, other_batch: int) -> frozenset[Any]:
+        """Raises where `other` is not the graph at `batch` with the batch changed; else the nodes
+        of `other` whose dim 0 follows the batch."""
+        other_sig = batch_signature(other)
+        reason = differs_beyond_batch(sig, other_sig, batch, other_batch)
         if reason is not None:
             raise ValueError(f"the model is not the same function of the batch: {reason}")
+        return batch_sized(sig, other, other_sig)
 
     def at_batch(examples: list[torch.Tensor]) -> Graph:
-        """The same model captured at another batch size, compared with the compiled one where
-        neither batch is 1 (a trace at batch 1 may drop size-1 views)."""
-        other = traced.pop(examples[0].shape[0], None) or convert(capture(model, tuple(examples)))
-        if min(base_batch, examples[0].shape[0]) >= 2:
-            compare(signature, base_batch, other, examples[0].shape[0])
+        """The same model captured at another batch size, compared with a capture at a third batch
+        size of at least 2 (the compiled one where it is); its outputs' padding read from the graph
+        as captured, before the device's rewrites fold what was made with the batch's size."""
+        batch = examples[0].shape[0]
+        other = traced.pop(batch, None) or convert(capture(model, tuple(examples)))
+        reference = next((b for b in signatures if b != batch), None)
+        if batch >= 2 and reference is not None:
+            analysis = batch_rows(other, compare(signatures[reference], reference, other, batch))
+            if isinstance(analysis, str):
+                raise ValueError(f"batch {batch} cannot be padded: {analysis}")
+            other.padded_outputs = padded_outputs(other, analysis)
         return other
 
     def batch_check(batch: int) -> None:

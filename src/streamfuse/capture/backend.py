@@ -456,7 +456,10 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         # a training graph keeps its pool, where every stream keeps its own high-water mark
         planned = config.replace(max_streams=config.training_max_streams) if training is not None else config
         compiled: Any
-        if _is_symbolic(gm):
+        if _has_effect_tokens(gm):
+            compiled = EagerGraph(gm, "the graph orders side effects with effect tokens (with_effects: torch.linalg's "
+                                      "error checks, prints), which AOTAutograd passes as None")
+        elif _is_symbolic(gm):
             compiled = SymbolicGraph(gm, planned, static if bind else None, training)
         elif bind:
             # builds its plan at the first real call; with no parameters (an optimizer's step over
@@ -477,6 +480,13 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         return run
 
     return compile_aten_graph
+
+
+def _has_effect_tokens(gm: torch.fx.GraphModule) -> bool:
+    """The graph threads AOTAutograd's effect tokens through `with_effects` (ops with side effects
+    kept in order): at run time the token inputs are None, which a plan's input checks refuse."""
+    with_effects = getattr(torch.ops.higher_order, "with_effects", None)
+    return with_effects is not None and any(n.target is with_effects for n in gm.graph.nodes)
 
 
 def _mutates(gm: torch.fx.GraphModule) -> bool:

@@ -337,7 +337,9 @@ def _capture_functional(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...
     for node in [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]:
         target = node.args[0]
         if not (isinstance(target, torch.fx.Node) and target.op == "placeholder"):
-            continue
+            # functionalize leaves the writes of some composite ops (circular padding's copies into
+            # slices of the padded tensor it made): the graph would drop them as dead code
+            raise _NotOneTrace(f"{node.name} writes into a view of a tensor the trace made")
         key = owner.get(target)
         if key is None or key in parameters:
             raise NotImplementedError("the model modifies one of its inputs or parameters in place; streamfuse.compile "

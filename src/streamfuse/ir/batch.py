@@ -88,8 +88,13 @@ def _dims(n: Node) -> list[int] | None:
     return None
 
 
-def batch_rows(graph: Graph) -> dict[Node, State] | str:
-    """Per-node batch state, or the reason the graph's rows are not provably independent."""
+def batch_rows(graph: Graph, follows: frozenset[Node] = frozenset()) -> dict[Node, State] | str:
+    """Per-node batch state, or the reason the graph's rows are not provably independent.
+    `follows`: nodes whose dim 0 the comparison with a capture at another batch size saw follow the
+    batch (`batch_sized`). One of them made from no batch-carrying operand (`torch.zeros_like(x)`,
+    `torch.ones(x.shape[0], n)`: the trace made the size a number) holds rows of the batch, not a
+    constant: padded, it grows with the bucket, so it is sliced like any batch output, and a sum over
+    it (`ones_like(x).sum()`) counts the padding rows, which the reduction rule refuses."""
     if not graph.inputs:
         return "the graph has no inputs"
     batch = graph.inputs[0].shape[0] if graph.inputs[0].shape else None
@@ -103,7 +108,7 @@ def batch_rows(graph: Graph) -> dict[Node, State] | str:
     for n, value in graph.constants.items():
         state[n] = CONST_IOTA if n.shape == (batch,) and _is_arange(value) else CONST
     for n in graph.ops():
-        result = _transfer(n, state, batch)
+        result = _transfer(n, state, batch, follows)
         if isinstance(result, tuple):
             return f"%{n.name} ({n.op}): {result[0]}"
         state[n] = result
@@ -113,7 +118,7 @@ def batch_rows(graph: Graph) -> dict[Node, State] | str:
     return state
 
 
-def _transfer(n: Node, state: dict[Node, State], batch: int) -> State | tuple[str]:
+def _transfer(n: Node, state: dict[Node, State], batch: int, follows: frozenset[Node]) -> State | tuple[str]:
     ins = [state[a] for a in n.input_nodes() if a in state]
     rows = [s for s in ins if isinstance(s, Rows)]
     if not rows:
@@ -121,6 +126,8 @@ def _transfer(n: Node, state: dict[Node, State], batch: int) -> State | tuple[st
             return Rows(1, iota=True)
         if _iota_view(n, state, batch):
             return CONST_IOTA
+        if n in follows and n.is_tensor and n.shape and n.shape[0] % batch == 0:
+            return Rows(n.shape[0] // batch)
         src = n.args[0] if n.args else None
         if packet_name(n.op) == "expand" and isinstance(src, Node) and n.shape and n.shape[0] % batch == 0 \
                 and (len(src.shape) < len(n.shape) or src.shape[0] != n.shape[0]):
@@ -368,3 +375,20 @@ def differs_beyond_batch(base: list[NodeSig], other: list[NodeSig], batch: int, 
                 or len(args) != len(t[3]) or not same(kwargs, t[4], False, False):
             return f"node {i} ({op}) takes a number that follows the batch size ({batch} -> {other_batch})"
     return None
+
+
+def batch_sized(base: list[NodeSig], graph: Graph, other: list[NodeSig]) -> frozenset[Node]:
+    """The nodes of `graph` (whose signature is `other`) with a dim 0 that differs from the one in
+    the capture at another batch size (`base`, which `differs_beyond_batch` found the same function
+    of the batch): for `batch_rows`'s `follows`."""
+    return frozenset(n for n, s, t in zip(graph.nodes, base, other, strict=True) if s[1][:1] != t[1][:1])
+
+
+def padded_outputs(graph: Graph, state: dict[Node, State]) -> list[int | None]:
+    """Each output's rows per batch element, where it carries the batch (a padded call keeps the
+    first batch * k rows), else None."""
+    out: list[int | None] = []
+    for o in graph.outputs:
+        s = state.get(o) if isinstance(o, Node) else None
+        out.append(s.k if isinstance(s, Rows) else None)
+    return out

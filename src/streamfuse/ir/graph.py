@@ -110,6 +110,11 @@ class Graph:
     last outputs; callers see only the ones before them (`user_outputs`)."""
     notes: list[str] = field(default_factory=list)
     """Graph rewrites a user should know about (e.g. batch-norm folded into weights), for explain()."""
+    padded_outputs: list[int | None] | None = None
+    """For a capture at a batch bucket: each output's rows per batch element (None: not sliced), from
+    the analysis of the graph as captured, compared with a capture at another batch size
+    (ir/batch.py `batch_sized`); None where no comparison was made. The rewrites for the device
+    (folded constants) can hide that an output was made with the batch's size."""
 
     def __post_init__(self) -> None:
         self.link_users()

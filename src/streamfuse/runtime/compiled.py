@@ -22,7 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from streamfuse.config import Config
-from streamfuse.ir.batch import Rows, batch_rows
+from streamfuse.ir.batch import batch_rows, padded_outputs
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.runtime.executable import Executable, build_executable
 from streamfuse.runtime.fallback import failure_text, warn_fallback
@@ -106,7 +106,7 @@ class CompiledGraph(ModelState):
             self.batch_reason = "this graph cannot be captured again at another batch size"
         self._variants: dict[int, Executable] = {self.base_batch: base}
         self._slices: dict[int, list[int | None]] = {
-            self.base_batch: _batch_slices(base.graph, analysis) if not isinstance(analysis, str)
+            self.base_batch: padded_outputs(base.graph, analysis) if not isinstance(analysis, str)
             else [None] * len(base.graph.outputs)}
         self._runners: OrderedDict[int, GraphRunner] = OrderedDict()
         self._mutated_index = {m for m, _ in call.mutated}
@@ -303,8 +303,11 @@ class CompiledGraph(ModelState):
         exe = self._variants[padded]
         staged = []
         for x, node in zip(inputs, exe.graph.inputs, strict=True):
-            buf = torch.zeros(node.shape, dtype=node.dtype, device=self.device)
+            buf = torch.empty(node.shape, dtype=node.dtype, device=self.device)
             buf[:batch].copy_(x)
+            # the padding rows repeat the last real row: an op valid on the real rows is valid on them
+            # (zeros made ATen's CPU integer division raise on an integer divisor input)
+            buf[batch:].copy_(buf[batch - 1:batch].expand_as(buf[batch:]))
             staged.append(buf)
         outs = exe.run(staged)
         return [o[: batch * k] if k is not None and isinstance(o, torch.Tensor) else o
@@ -420,7 +423,7 @@ class CompiledGraph(ModelState):
         analysis = batch_rows(exe.graph)
         if isinstance(analysis, str):
             raise ValueError(f"batch {padded} cannot be padded: {analysis}")
-        slices = _batch_slices(exe.graph, analysis)
+        slices = exe.graph.padded_outputs if exe.graph.padded_outputs is not None else padded_outputs(exe.graph, analysis)
         base_out = [o.shape if isinstance(o, Node) else None for o in self.base.graph.outputs]
         for j, (o, rows) in enumerate(zip(exe.graph.outputs, slices, strict=True)):
             if isinstance(o, Node) and rows is not None and o.shape[1:] != base_out[j][1:]:  # type: ignore[index]
@@ -543,14 +546,6 @@ def _settle_generators(device: torch.device) -> None:
 def _capturing() -> bool:
     """Inside someone else's CUDA-graph capture our graph cannot replay: its kernels are captured instead."""
     return torch._C._cuda_isCurrentStreamCapturing()
-
-
-def _batch_slices(graph: Graph, analysis: dict[Node, Any]) -> list[int | None]:
-    out: list[int | None] = []
-    for o in graph.outputs:
-        state = analysis.get(o) if isinstance(o, Node) else None
-        out.append(state.k if isinstance(state, Rows) else None)
-    return out
 
 
 def _with_batch(node: Node, batch: int) -> Node:
