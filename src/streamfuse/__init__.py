@@ -142,16 +142,23 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
             other.padded_outputs = padded_outputs(other, analysis)
         return other
 
-    def batch_check(batch: int) -> None:
+    def batch_check(batch: int) -> list[int | None]:
         """Once, before any padding: the model traced at two batch sizes of at least 2 differs only
         where the batch is a size (ir/batch.py: a batch size the trace made a number is a
-        ValueError)."""
+        ValueError). Returns the outputs' padding (ir/batch.padded_outputs) of the graph as captured,
+        for the compiled plan, which serves the smaller batches of its bucket padded."""
         if base_batch >= 2:
             other = batch if batch >= 2 else base_batch + 1
-            compare(signature, base_batch, traced_at(other), other)
+            graph = traced_at(other)
+            follows = compare(signature, base_batch, graph, other)
         else:
             first = max(batch, 2)
-            compare(batch_signature(traced_at(first)), first, traced_at(first + 1), first + 1)
+            graph = traced_at(first + 1)
+            follows = compare(batch_signature(traced_at(first)), first, graph, first + 1)
+        analysis = batch_rows(graph, follows)
+        if isinstance(analysis, str):
+            raise ValueError(f"the batch cannot be padded: {analysis}")
+        return padded_outputs(graph, analysis)
 
     def recapture(examples: list[torch.Tensor]) -> Any:
         """The same model captured at another batch size (a batch bucket)."""

@@ -53,7 +53,7 @@ class CallSpec:
 
 def build(graph: Graph, config: Config, device: torch.device, call: CallSpec | None = None,
           recapture: Recapture | None = None, specialize: Specialize | None = None,
-          eager: Callable[..., Any] | None = None, batch_check: Callable[[int], None] | None = None
+          eager: Callable[..., Any] | None = None, batch_check: Callable[[int], list[int | None]] | None = None
           ) -> CompiledGraph:
     return CompiledGraph(build_executable(graph, config, device), call or CallSpec(), recapture, specialize, eager,
                          batch_check)
@@ -64,7 +64,7 @@ class CompiledGraph(ModelState):
 
     def __init__(self, base: Executable, call: CallSpec, recapture: Recapture | None = None,
                  specialize: Specialize | None = None, eager: Callable[..., Any] | None = None,
-                 batch_check: Callable[[int], None] | None = None):
+                 batch_check: Callable[[int], list[int | None]] | None = None):
         self.base = base
         self.batch_check = batch_check
         """Traces the model at other batch sizes and raises where it is not the same function of the
@@ -373,9 +373,12 @@ class CompiledGraph(ModelState):
             self.batch_check = check  # not a batch change the padding would take: bad input decides
             return
         try:
-            check(batch)  # type: ignore[misc]
+            slices = check(batch)  # type: ignore[misc]
         except Exception as exc:  # noqa: BLE001 - not provably the same function: no padding
             self.batch_reason = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        if len(slices) == len(self._slices[self.base_batch]):
+            self._slices[self.base_batch] = slices  # the compiled plan serves smaller batches of its bucket
 
     def _specialization(self, inputs: Sequence[Any]) -> Any:
         """The model compiled for these inputs' shapes and dtypes: built on first use, at most
