@@ -125,6 +125,42 @@ def test_batch_buckets_on_gpu_with_lru_eviction(config) -> None:  # type: ignore
     assert list(compiled._runners) == [32, 64]
 
 
+def test_batch_sized_tensors_and_integer_divisors_in_padded_graphs(config) -> None:  # type: ignore[no-untyped-def]
+    """The CPU tests of session 41's padding fixes (test_runtime.py), through recorded CUDA graphs:
+    a tensor made with the batch's size comes back at the caller's batch (compiled at 4, batch 3
+    replays the compiled plan's graph padded; batch 5 a bucket's), a sum over one fixes the batch,
+    and integer division by an input runs on padded rows."""
+    def made(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.zeros_like(x), torch.ones(x.shape[0], 3, device=x.device) * 2, x + 1
+
+    def summed(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1) / torch.ones_like(x).sum()
+
+    def divided(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.floor_divide(a, b) + a % b
+
+    with torch.no_grad():
+        compiled = streamfuse.compile(made, (_fresh((4, 16), 0),), config)
+        for batch in (4, 3, 5, 3):
+            x = _fresh((batch, 16), batch)
+            got, want = compiled(x), made(x)
+            assert [t.shape for t in got] == [t.shape for t in want]
+            torch.testing.assert_close(got, want)
+        assert compiled.batch_reason is None
+        compiled = streamfuse.compile(summed, (_fresh((4, 16), 0),), config)
+        for batch in (3, 5):
+            x = _fresh((batch, 16), batch)
+            torch.testing.assert_close(compiled(x), summed(x), rtol=1e-5, atol=1e-6)
+        assert compiled.batch_reason is not None and "reduces over the batch" in compiled.batch_reason
+        gen = torch.Generator().manual_seed(0)
+        a, b = torch.randint(-20, 20, (4, 16), generator=gen), torch.randint(1, 4, (4, 16), generator=gen)
+        compiled = streamfuse.compile(divided, (a.cuda(), b.cuda()), config)
+        for batch in (4, 3, 5):
+            a, b = torch.randint(-20, 20, (batch, 16), generator=gen), torch.randint(1, 4, (batch, 16), generator=gen)
+            assert torch.equal(compiled(a.cuda(), b.cuda()), divided(a, b).cuda())
+        assert compiled.batch_reason is None
+
+
 def test_outputs_are_fresh_unless_reuse_outputs(config) -> None:  # type: ignore[no-untyped-def]
     fn = lambda x: torch.softmax(x, -1).sum(0, keepdim=True) * x  # two reduction domains: 2 launches
     a, b = _fresh((4, 64), 1), _fresh((4, 64), 2)
