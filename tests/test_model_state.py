@@ -162,3 +162,77 @@ def test_a_call_under_another_autocast_state_runs_eagerly(config) -> None:  # ty
         assert got.dtype == torch.float32 and torch.equal(got, model(x))
         torch.testing.assert_close(plain(x), model(x))
         assert plain.eager_reason is None and mixed.eager_reason is None
+
+
+def _conv_bn() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU()).eval()
+
+
+def test_forward_hooks_added_or_removed_after_compiling_are_seen(config) -> None:  # type: ignore[no-untyped-def]
+    """The trace made the hooks there were part of the plan: a hook added after compiling (on the
+    model, a submodule or globally) or removed from the model makes the model run eagerly, with one
+    warning (helper sweep, session 41: silently ignored before)."""
+    x = randn(4, 16)
+    with torch.no_grad():
+        for where in ("model", "submodule", "global", "removed"):
+            model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+            handle = model.register_forward_hook(lambda m, i, o: o * 3) if where == "removed" else None
+            compiled = streamfuse.compile(model, (x,), config)
+            torch.testing.assert_close(compiled(x), model(x))
+            if where == "model":
+                handle = model.register_forward_hook(lambda m, i, o: o * 2)
+            elif where == "submodule":
+                handle = model[0].register_forward_pre_hook(lambda m, i: (i[0] + 1,))
+            elif where == "global":
+                handle = torch.nn.modules.module.register_module_forward_hook(
+                    lambda m, i, o: o * 2 if m is model else o)
+            else:
+                handle.remove()
+            with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="forward hook was added or removed"):
+                torch.testing.assert_close(compiled(x), model(x))
+            torch.testing.assert_close(compiled(x), model(x))
+            handle.remove()
+
+
+def test_folded_batch_norms_follow_statistics_a_train_mode_forward_updated(config) -> None:  # type: ignore[no-untyped-def]
+    """ATen's training-mode batch-norm updates the running statistics without bumping their version
+    counters; the module's num_batches_tracked is watched too, so a recalibration pass in train mode
+    followed by eval is seen (helper sweep, session 41: 0.27 off)."""
+    model, x = _conv_bn(), randn(2, 3, 8, 8)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        compiled(x)
+        model.train()
+        model(randn(4, 3, 8, 8, seed=5) * 3 + 1)  # the eager module: updates running_mean/var only
+        model.eval()
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_no_snapshots_of_inference_tensors(config) -> None:  # type: ignore[no-untyped-def]
+    """A model made under torch.inference_mode keeps no version counters, so folded weights could
+    not follow a later in-place change: nothing is folded (helper sweep, session 41: a
+    load_state_dict inside inference_mode left the folds stale, 1.5-5.7 off)."""
+    x = randn(2, 3, 8, 8)
+    with torch.inference_mode():
+        model = _conv_bn()
+        compiled = streamfuse.compile(model, (x,), config)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        state = {k: v * 1.5 if v.is_floating_point() else v for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert not compiled.graph.snapshots
+
+
+def test_weights_changed_after_a_change_through_data(config) -> None:  # type: ignore[no-untyped-def]
+    """A change through `.data` bumps no version counter: the folded weights keep the old values
+    until CompiledGraph.weights_changed(), which computes every copy again (the documented way)."""
+    model, x = _conv_bn(), randn(2, 3, 8, 8)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        compiled(x)
+        model[0].weight.data.mul_(2)
+        model[1].running_var.data.mul_(3)
+        assert not torch.allclose(compiled(x), model(x), rtol=1e-3, atol=1e-3)  # the documented limit
+        compiled.weights_changed()
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)

@@ -78,7 +78,7 @@ def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config,
 def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph:
     from streamfuse.capture.export import Captured, KeywordInputs, capture
     from streamfuse.ir.batch import batch_rows, batch_signature, batch_sized, differs_beyond_batch, padded_outputs
-    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
+    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, watchable
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import Graph
     from streamfuse.ir.merge import merge_sibling_convolutions
@@ -93,9 +93,10 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
         """Captured -> Graph, batch-norms folded, sibling convolutions merged; every batch bucket
         shares one snapshot of the folded and stacked weights."""
         graph = graph_from_fx(cap.gm, cap.bound, cap.literals)
-        if config.fold_batchnorm:
+        followed = watchable(cap.bound.values())  # else no snapshot: it could not follow the weights
+        if config.fold_batchnorm and followed:
             fold_batchnorm(graph, snapshots)
-        if config.merge_sibling_convolutions:
+        if config.merge_sibling_convolutions and followed:
             merge_sibling_convolutions(graph, snapshots)
         return graph
 
@@ -171,11 +172,11 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     call = CallSpec(out_spec=captured.out_spec, mutated=captured.mutated, input_names=captured.input_names)
     compiled = build(graph, config, device, call, recapture=None if captured.mutated else recapture,
                      specialize=specialize, eager=model, batch_check=batch_check)
-    compiled.weights_watch = snapshots.watch()
+    user_model = model.model if isinstance(model, KeywordInputs) else model
+    compiled.weights_watch = snapshots.watch(user_model)
     compiled.bound_tensors = [t for name, t in captured.bound.items()
                               if name not in captured.literals and isinstance(t, torch.Tensor) and not t.is_meta]
     compiled.bound_pointers = PointerCheck(compiled.bound_tensors, list(range(len(compiled.bound_tensors))))
-    user_model = model.model if isinstance(model, KeywordInputs) else model
     if isinstance(user_model, torch.nn.Module):
         compiled.mode_source, compiled.compiled_training = user_model, user_model.training
         compiled.structure = StructureWatch(user_model)

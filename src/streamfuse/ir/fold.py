@@ -95,14 +95,29 @@ class SnapshotCache:
                 for old, new in zip(_tensors(value), _tensors(fresh), strict=True):
                     old.copy_(new)
 
-    def watch(self) -> SnapshotWatch | None:
+    def watch(self, *models: Any) -> SnapshotWatch | None:
         """A watch over the model's own tensors behind the snapshots; None if there are none (or
-        they keep no version counter: made under inference_mode)."""
+        they keep no version counter: made under inference_mode). `models` (those that are
+        nn.Modules): their batch-norms whose running statistics a snapshot read are watched through their
+        `num_batches_tracked` too. ATen's training-mode batch-norm updates the statistics without
+        bumping their version counters, and the module bumps that counter's on every such forward
+        (a recalibration pass in train mode, then eval: the folds were stale, helper sweep session 41)."""
         made = {id(t) for _, value, _ in self._entries.values() for t in _tensors(value)}
         live = [t for t in self.sources() if id(t) not in made]
         if not live or any(t.is_inference() for t in live):
             return None
-        return SnapshotWatch(self, live)
+        read = {id(t) for t in live}
+        modules = [m for model in models if isinstance(model, torch.nn.Module) for m in model.modules()]
+        counters = [m.num_batches_tracked for m in modules if isinstance(getattr(m, "num_batches_tracked", None), torch.Tensor)
+                    and id(getattr(m, "running_mean", None)) in read and not m.num_batches_tracked.is_inference()]
+        return SnapshotWatch(self, live + counters)
+
+
+def watchable(tensors: Any) -> bool:
+    """Snapshots of these tensors can follow them: none is an inference tensor (made under
+    torch.inference_mode), which keeps no version counter, so an in-place change (a load_state_dict
+    inside inference_mode) would leave a snapshot stale (helper sweep, session 41)."""
+    return not any(isinstance(t, torch.Tensor) and t.is_inference() for t in tensors)
 
 
 class SnapshotWatch:

@@ -469,6 +469,18 @@ class CompiledGraph(ModelState):
         runner = self._runners.get(key)
         return runner.reserved_bytes if runner is not None else None
 
+    def weights_changed(self) -> None:
+        """Compute again every copy the plan keeps of the model's weights (batch-norms folded into
+        convolutions, channels_last copies of convolution filters), from their current values. The
+        plan sees in-place changes by their version counters; call this after a change that bumps
+        none: through `.data` (`p.data.mul_(2)`, an EMA written through `.data`). Recorded CUDA
+        graphs read the copies where they are, so they see the new values."""
+        if self.weights_watch is not None:
+            self.weights_watch.cache.refresh()
+        for exe in self._variants.values():
+            for step in exe.converted_weights:
+                step.refresh(force=True)
+
     def drop_graph(self, key: int) -> None:
         """Forget the graph of batch bucket `key`: its next call records it again."""
         self._runners.pop(key, None)

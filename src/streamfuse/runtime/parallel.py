@@ -53,7 +53,7 @@ class ParallelModels:
 def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
              config: Config | None = None) -> ParallelModels:
     from streamfuse.capture.export import capture, normalize_inputs
-    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
+    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, watchable
     from streamfuse.ir.merge import merge_sibling_convolutions
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import disjoint_union
@@ -74,9 +74,10 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
             raise ValueError(f"models[{i}] updates buffers in place (training-mode batch-norm?): "
                              "streamfuse.parallel takes inference models")
         graph = graph_from_fx(captured.gm, captured.bound, captured.literals)
-        if config.fold_batchnorm:
+        followed = watchable(captured.bound.values())  # else no snapshot: it could not follow the weights
+        if config.fold_batchnorm and followed:
             fold_batchnorm(graph, snapshots)
-        if config.merge_sibling_convolutions:
+        if config.merge_sibling_convolutions and followed:
             merge_sibling_convolutions(graph, snapshots)
         graphs.append(graph)
         counts.append((len(graph.inputs), len(graph.outputs)))
@@ -85,5 +86,5 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
     device = graph_device(graphs[0], normalize_inputs(models[0][1]))
     merged = disjoint_union(graphs, [f"m{i}_" for i in range(len(graphs))])
     compiled = build(merged, config, device, CallSpec(out_spec=None, input_names=names), recapture=None)
-    compiled.weights_watch = snapshots.watch()
+    compiled.weights_watch = snapshots.watch(*(pair[0] for pair in models))
     return ParallelModels(compiled, counts, specs)

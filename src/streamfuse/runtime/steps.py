@@ -136,9 +136,10 @@ class ChannelsLastConvStep(NodeStep):
         out = c.target(*args, **kwargs)
         env[c.out] = out.contiguous() if self.convert_back else out
 
-    def refresh(self) -> None:
-        """Convert the live weight again if it changed in place since it was last converted."""
-        if self.source is not None and self.source._version != self.version:
+    def refresh(self, force: bool = False) -> None:
+        """Convert the live weight again if it changed in place since it was last converted (or
+        `force`: a change no version counter saw, CompiledGraph.weights_changed)."""
+        if self.source is not None and (force or self.source._version != self.version):
             assert self.weight is not None
             with torch.no_grad():
                 self.weight.copy_(self.source)

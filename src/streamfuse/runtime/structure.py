@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch.nn.modules import module as _module
+from torch.utils.hooks import RemovableHandle
 
 _registrations = 0
 """Parameters, buffers and submodules registered on any module in this process since import."""
@@ -65,19 +66,48 @@ def _members(model: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
         yield "buffer", name, b
 
 
+def _hooks(model: torch.nn.Module) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """(where, forward pre-hook ids, forward hook ids): the global ones, then every submodule's."""
+    found = [("global", tuple(_module._global_forward_pre_hooks), tuple(_module._global_forward_hooks))]
+    for name, m in model.named_modules():
+        found.append((name, tuple(m._forward_pre_hooks), tuple(m._forward_hooks)))
+    return found
+
+
+def _hook_counts(model: torch.nn.Module) -> tuple[int, ...]:
+    """What a removed hook changes where it is cheap to look at every call: the model's own and the
+    global hooks (a hook registered anywhere advances RemovableHandle.next_id)."""
+    return (RemovableHandle.next_id, len(model._forward_pre_hooks), len(model._forward_hooks),
+            len(_module._global_forward_pre_hooks), len(_module._global_forward_hooks))
+
+
 class StructureWatch:
     """The model's submodules, parameters and buffers when it was compiled (held weakly: a replaced
-    one is not kept alive by the watch)."""
+    one is not kept alive by the watch), and its forward hooks: the trace ran the hooks there were
+    and made them part of the plan, so a hook added after compiling would never run and a removed
+    one would keep running (helper sweep, session 41). Added hooks are seen anywhere (every hook
+    registration advances one counter of torch's); removed ones on the model itself and among the
+    global hooks (a submodule's hook removed after compiling is not seen)."""
 
     def __init__(self, model: torch.nn.Module):
         _install()
         self.model = model
         self._members = [(kind, name, weakref.ref(obj)) for kind, name, obj in _members(model)]
         self._seen = _registrations
+        self._hooks = _hooks(model)
+        self._hook_counts = _hook_counts(model)
 
     def replaced(self) -> str | None:
-        """None while the model holds the objects it was compiled with (the usual call: one integer
-        compare), else what was replaced first."""
+        """None while the model holds the objects and hooks it was compiled with (the usual call:
+        a few integer compares), else what was replaced first."""
+        if _hook_counts(self.model) != self._hook_counts:
+            self._hook_counts = _hook_counts(self.model)
+            now_hooks = _hooks(self.model)
+            for (where, pre, post), (_, pre_now, post_now) in zip(self._hooks, now_hooks, strict=True):
+                if (pre, post) != (pre_now, post_now):
+                    place = "among the global module hooks" if where == "global" else f"at {where or 'the model'!r}"
+                    return f"a forward hook was added or removed {place}"
+            # (a submodule added since compiling is the registration check's to report)
         if _registrations == self._seen:
             return None
         self._seen = _registrations
