@@ -458,6 +458,21 @@ def test_cli_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
         main(["explain", f"{bad}:make"])
     with pytest.raises(SystemExit, match="--set takes NAME=VALUE"):  # checked before --list returns
         main(["bench", "--list", "--set", "nosuchkey=1"])
+    # the user's file failing, a file that is not Python, a count below 1: one line, no traceback
+    # (helper sweep, session 41)
+    (tmp_path / "raises.py").write_text("raise RuntimeError('broken import')\n")
+    with pytest.raises(SystemExit, match="importing .*raises.py raised RuntimeError: broken import"):
+        main(["explain", f"{tmp_path / 'raises.py'}:make"])
+    (tmp_path / "factory.py").write_text("def make():\n    raise KeyError('weights')\n")
+    with pytest.raises(SystemExit, match="FACTORY .*factory.py:make raised KeyError: 'weights'"):
+        main(["explain", f"{tmp_path / 'factory.py'}:make"])
+    (tmp_path / "model.txt").write_text("x")
+    with pytest.raises(SystemExit, match="FILE must be a Python file"):
+        main(["explain", f"{tmp_path / 'model.txt'}:make"])
+    for argv in (["profile", f"{model_file}:make", "--calls", "-3"], ["bench", "--list", "--reps", "0"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "expected a whole number of at least 1" in capsys.readouterr().err
 
 
 def test_a_function_without_inputs(config) -> None:  # type: ignore[no-untyped-def]

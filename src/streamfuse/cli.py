@@ -82,6 +82,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value}")
+    return value
+
+
 def load_factory(spec: str) -> Any:
     if ":" not in spec:
         raise SystemExit(f"error: expected FILE.py:FACTORY, got {spec!r}")
@@ -89,10 +100,16 @@ def load_factory(spec: str) -> Any:
     path = Path(path_s)
     if not path.is_file():
         raise SystemExit(f"error: FILE {path} does not exist")
+    if path.suffix != ".py":
+        raise SystemExit(f"error: FILE must be a Python file (FILE.py:FACTORY), got {path}")
     module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert module_spec is not None and module_spec.loader is not None
+    if module_spec is None or module_spec.loader is None:
+        raise SystemExit(f"error: FILE {path} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's file: one line naming it and what it raised
+        raise SystemExit(f"error: importing {path} raised {type(exc).__name__}: {exc}") from None
     factory = getattr(module, name, None)
     if not callable(factory):
         raise SystemExit(f"error: {path} has no callable {name!r} (FACTORY() must return (model, example_inputs))")
@@ -103,7 +120,11 @@ def model_and_inputs(spec: str) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """FACTORY() of FILE.py:FACTORY, checked: (model, example inputs as a tuple of tensors)."""
     from streamfuse.capture.export import normalize_inputs
 
-    result = load_factory(spec)()
+    factory = load_factory(spec)
+    try:
+        result = factory()
+    except Exception as exc:  # noqa: BLE001 - the user's factory: one line naming it and what it raised
+        raise SystemExit(f"error: FACTORY {spec} raised {type(exc).__name__}: {exc}") from None
     if not (isinstance(result, tuple) and len(result) == 2):
         raise SystemExit("error: FACTORY() must return (model, example_inputs)")
     model, inputs = result
@@ -315,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--compare", default="eager,compile,streamfuse",
                       help="comma-separated modes: eager, compile, streamfuse")
     prof.add_argument("--out", default="streamfuse-profile", help="directory for trace, PNG, HTML and JSON")
-    prof.add_argument("--calls", type=int, default=10, help="calls profiled per mode")
+    prof.add_argument("--calls", type=_positive_int, default=10, help="calls profiled per mode")
     prof.add_argument("--gpu", default="H200", choices=["H200", "H100", "A100"],
                       help="GPU whose ceilings a predicted (no-GPU) report uses")
     prof.set_defaults(fn=cmd_profile)
@@ -337,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--modes", default=None, help="comma-separated modes (default: all six on a GPU)")
     bench.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                        help="a Config setting for the streamfuse modes (repeatable), e.g. --set max_streams=1")
-    bench.add_argument("--reps", type=int, default=None, help="timed calls per mode (default: 50 on CUDA, 10 on CPU)")
+    bench.add_argument("--reps", type=_positive_int, default=None, help="timed calls per mode (default: 50 on CUDA, 10 on CPU)")
     bench.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
                        help="time float32 with TF32 allowed for matmuls and convolutions (default; the correctness "
                             "checks always run with TF32 off)")
