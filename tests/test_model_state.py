@@ -186,7 +186,7 @@ def test_forward_hooks_added_or_removed_after_compiling_are_seen(config) -> None
                 handle = model[0].register_forward_pre_hook(lambda m, i: (i[0] + 1,))
             elif where == "global":
                 handle = torch.nn.modules.module.register_module_forward_hook(
-                    lambda m, i, o: o * 2 if m is model else o)
+                    lambda m, i, o, model=model: o * 2 if m is model else o)
             else:
                 handle.remove()
             with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="forward hook was added or removed"):

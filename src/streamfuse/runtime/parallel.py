@@ -54,9 +54,9 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
              config: Config | None = None) -> ParallelModels:
     from streamfuse.capture.export import capture, normalize_inputs
     from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, watchable
-    from streamfuse.ir.merge import merge_sibling_convolutions
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import disjoint_union
+    from streamfuse.ir.merge import merge_sibling_convolutions
     from streamfuse.runtime.inputs import graph_device
 
     if not models:
