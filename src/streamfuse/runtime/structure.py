@@ -103,7 +103,9 @@ class StructureWatch:
         if _hook_counts(self.model) != self._hook_counts:
             self._hook_counts = _hook_counts(self.model)
             now_hooks = _hooks(self.model)
-            for (where, pre, post), (_, pre_now, post_now) in zip(self._hooks, now_hooks, strict=True):
+            for (where, pre, post), (where_now, pre_now, post_now) in zip(self._hooks, now_hooks, strict=False):
+                if where != where_now:
+                    break  # a submodule added or removed since compiling: the registration check says so
                 if (pre, post) != (pre_now, post_now):
                     place = "among the global module hooks" if where == "global" else f"at {where or 'the model'!r}"
                     return f"a forward hook was added or removed {place}"
