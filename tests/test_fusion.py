@@ -178,6 +178,26 @@ def test_reduction_of_an_operand_broadcast_along_the_reduced_dims(fn, config, de
     compile_and_check(fn, [randn(5, 1, device=device)], config)
 
 
+@pytest.mark.parametrize("fn,shapes", [
+    (lambda a, b: b + a.sum(0).permute(1, 0, 2), [(2, 4, 4, 3), (4, 4, 3)]),
+    (lambda a, b: b + a.sum(0).transpose(0, 1), [(2, 4, 4, 3), (4, 4, 3)]),
+    (lambda a, b: b + a.amax(-1).t(), [(4, 4, 2), (4, 4)]),
+    (lambda a, b: (b + a.mean(0).t()) * 2, [(3, 4, 4), (4, 4)]),
+    (lambda a, b: a.sum(-1).t() * b, [(4, 4, 2), (4, 4)]),
+    (lambda a, b: b + torch.softmax(a, -1).transpose(0, 1), [(4, 4, 8), (4, 4, 8)]),
+    (lambda a, b: b + F.layer_norm(a, (8,)).transpose(0, 1), [(4, 4, 8), (4, 4, 8)]),
+    (lambda a, b: b + a.sum(-1, keepdim=True).permute(0, 2, 1).squeeze(1), [(4, 6, 5), (4, 6)]),  # moves a size-1 dim
+])
+def test_a_transpose_of_a_reduced_value_with_its_own_shape_is_not_fused_as_is(fn, shapes, config, device) -> None:  # type: ignore[no-untyped-def]
+    """A reduction kernel indexes the values derived from its reductions by shape: a transpose
+    of a square result has the same shape and holds other elements, so it was fused as if it were
+    the identity (random-program fuzz, session 41: wrong by 3.6, and a wrong input gradient through
+    the backend). Such a view now ends the reduction kernel; one that moves only size-1 dims keeps
+    the order and stays fused."""
+    inputs = [randn(*shape, device=device, seed=i) for i, shape in enumerate(shapes)]
+    compile_and_check(fn, inputs, config)
+
+
 def test_the_planner_keeps_the_group_edges_it_walks_up_to_date(config) -> None:  # type: ignore[no-untyped-def]
     """fusion/planner._Partition keeps each group's successors and predecessors through merges
     (the cycle check walks them): after every merge of a random sequence they equal the edges

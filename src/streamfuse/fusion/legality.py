@@ -30,7 +30,7 @@ import torch
 from streamfuse.config import Config
 from streamfuse.fusion.groups import GroupKind, ReductionDomain
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import concat_parts, squeeze_equal
+from streamfuse.ir.indexing import concat_parts, permutation, squeeze_equal
 from streamfuse.ir.ops import OpKind, packet_name
 
 FLOAT_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
@@ -180,6 +180,11 @@ def _check_reduction_levels(nodes: list[Node], members: set[Node], outputs: Iter
         else:
             return (f"%{n.name} has shape {list(n.shape)}, derived from a reduced value but neither the row "
                     f"tile {list(full)} nor one value per row {list(dom.keepdim_shape)}")
+        if n.kind is OpKind.VIEW and not _keeps_element_order(n):
+            # the kernel indexes values derived from a reduction by shape alone: a transpose of a
+            # square result has the same shape and other elements (random-program fuzz, session 41:
+            # `b + a.sum(0).permute(1, 0, 2)` with dims of equal size was wrong)
+            return f"view %{n.name} ({n.op}) rearranges a value derived from a reduction"
         for a in deps:
             if level[n] == "full" and level[a] == "row" and a.shape != dom.keepdim_shape:
                 return (f"%{n.name} broadcasts reduced value %{a.name} of shape {list(a.shape)} over rows "
@@ -196,6 +201,25 @@ def _check_reduction_levels(nodes: list[Node], members: set[Node], outputs: Iter
             return (f"output %{n.name} has shape {list(n.shape)}: a reduction kernel writes row tiles "
                     f"{list(full)} or per-row values {list(dom.keepdim_shape)}")
     return None
+
+
+_RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias", "expand"})
+"""Views that keep the row-major order of their source's elements (expand repeats them; where it
+broadcasts a per-row value over rows, the level rules judge it)."""
+
+
+def _keeps_element_order(n: Node) -> bool:
+    """A view whose elements, read in row-major order, are its source's in the same order: a
+    reshape, or a permutation that moves only dims of size 1."""
+    name = packet_name(n.op)
+    if name in _RESHAPES:
+        return True
+    if name not in ("permute", "transpose", "t"):
+        return False
+    src = n.args[0]
+    assert isinstance(src, Node)
+    moved = [d for d in permutation(n) if src.shape[d] != 1]
+    return moved == sorted(moved)
 
 
 MATMUL_OPS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default"})
