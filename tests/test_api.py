@@ -91,7 +91,7 @@ def test_backend_entry_point_is_declared() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ((randn(4, 8),), "expected 2 input tensor(s), got 1"),
+        ((randn(4, 8),), "expected 2 input tensor(s) (x, y), got 1; missing: y"),
         ((randn(4, 8), randn(4, 9)), "input 1 (y): expected shape (4, 8), got (4, 9)"),
         ((randn(4, 8), randn(4, 8).double()), "input 1 (y): expected dtype torch.float32, got torch.float64"),
         ((randn(4, 8), torch.empty(4, 8, device="meta")), "input 1 (y): expected device"),
@@ -175,7 +175,7 @@ def test_keyword_example_inputs_and_keyword_calls(config) -> None:  # type: igno
             compiled(x, x=x)
         with pytest.raises(TypeError, match="missing argument.*'mask'"):
             compiled(x=x)
-        with pytest.raises(ValueError, match="expected 2 input tensor"):
+        with pytest.raises(ValueError, match=r"expected 2 input tensor\(s\) \(x, mask\), got 1; missing: mask"):
             compiled(x)
         positional = streamfuse.compile(fn, (x,), config)
         torch.testing.assert_close(positional(x=x), fn(x))

@@ -29,7 +29,7 @@ from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
-from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_input
+from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_count, raise_bad_input
 from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
 from streamfuse.runtime.model_state import ModelState
 from streamfuse.runtime.structure import autocast_state
@@ -339,7 +339,7 @@ class CompiledGraph(ModelState):
     def _check_batch(self, inputs: Sequence[Any]) -> int:
         expected = self.base.graph.inputs
         if len(inputs) != len(expected):
-            raise BadInput(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
+            raise_bad_count(len(expected), len(inputs), self.call.input_names)
         if not inputs:
             return 0
         first = inputs[0]

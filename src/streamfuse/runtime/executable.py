@@ -30,7 +30,7 @@ from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
-from streamfuse.runtime.inputs import BadInput, move_cpu_scalars, raise_bad_input, scalars_to_device
+from streamfuse.runtime.inputs import BadInput, move_cpu_scalars, raise_bad_count, raise_bad_input, scalars_to_device
 from streamfuse.runtime.precompile import precompile
 from streamfuse.runtime.steps import ChannelsLastConvStep, HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
@@ -451,7 +451,7 @@ class Executable:
         """Inputs as the plan expects them, or ValueError naming the bad one."""
         expected = self.graph.inputs
         if len(inputs) != len(expected):
-            raise BadInput(f"expected {len(expected)} input tensor(s), got {len(inputs)}")
+            raise_bad_count(len(expected), len(inputs), names)
         checked = inputs if isinstance(inputs, list) else list(inputs)
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
             if (not isinstance(t, torch.Tensor) or t.shape != node.shape or t.dtype != node.dtype

@@ -69,6 +69,16 @@ class InputMismatch(BadInput):
     built: CompiledGraph's specializations)."""
 
 
+def raise_bad_count(expected: int, got: int, names: Sequence[str] | None) -> None:
+    """BadInput for a call with the wrong number of tensors, naming the inputs the plan takes and
+    those missing (a model compiled with an attention mask, called without one)."""
+    if not names or len(names) != expected:
+        raise BadInput(f"expected {expected} input tensor(s), got {got}")
+    missing = f"; missing: {', '.join(names[got:])}" if got < expected else ""
+    raise BadInput(f"expected {expected} input tensor(s) ({', '.join(names)}), got {got}{missing}: the "
+                   "compiled model takes the inputs it was compiled with (compile again for others)")
+
+
 def raise_bad_input(i: int, t: Any, node: Node, device: torch.device, names: Sequence[str] | None,
                     batch_note: str = "") -> None:
     name = names[i] if names else node.name
