@@ -179,8 +179,9 @@ def test_keyword_example_inputs_and_keyword_calls(config) -> None:  # type: igno
             compiled(x)
         positional = streamfuse.compile(fn, (x,), config)
         torch.testing.assert_close(positional(x=x), fn(x))
-    with pytest.raises(ValueError, match=r"example_inputs\['mask'\] must be a torch.Tensor, got NoneType"):
-        streamfuse.compile(fn, {"x": x, "mask": None}, config)
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match=r"example_inputs\['mask'\] is a NoneType"):
+        flagged = streamfuse.compile(fn, {"x": x, "mask": None}, config)
+    torch.testing.assert_close(flagged(x=x, mask=None), fn(x))
     with pytest.raises(ValueError, match="keys must be the model's parameter names"):
         streamfuse.compile(fn, {0: x}, config)
 
@@ -217,11 +218,46 @@ def test_a_list_of_tensors_as_one_input_goes_through_the_backend(config) -> None
     assert compiled.eager_reason is None and compiled.graphs
 
 
+def test_flags_numbers_and_caches_as_example_inputs_go_through_the_backend(config) -> None:  # type: ignore[no-untyped-def]
+    """A model called with a flag (`output_hidden_states=True`, timm's `pre_logits=True`), a number or
+    a cache object (transformers' DynamicCache for the next decode step) raised a ValueError
+    (helper sweeps, session 41); it now runs through the backend, where Dynamo guards those values,
+    with the fallback warning naming the input."""
+    class Head(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor, pre_logits: bool = False, scale: float = 1.0) -> torch.Tensor:
+            x = x.mean(1) * scale
+            return x if pre_logits else self.fc(x)
+
+    torch.manual_seed(0)
+    model, x = Head().eval(), randn(2, 5, 8)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match=r"example_inputs\['pre_logits'\] is a bool"):
+            compiled = streamfuse.compile(model, {"x": x, "pre_logits": True}, config)
+            got = compiled(x=x, pre_logits=True)
+        torch.testing.assert_close(got, model(x, pre_logits=True))
+        torch.testing.assert_close(compiled(x=x, pre_logits=False), model(x))  # Dynamo guards the flag
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match=r"example_inputs\[1\] is a bool"):
+            scaled = streamfuse.compile(model, (x, False, 2.0), config)
+            got = scaled(x, False, 2.0)
+        torch.testing.assert_close(got, model(x, False, 2.0))
+    torch._dynamo.reset()
+
+
 def test_bad_compile_arguments(config) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="example_inputs must be a tensor, a tuple of tensors or a dict"):
         streamfuse.compile(torch.relu, 3.0, config)
-    with pytest.raises(ValueError, match=r"example_inputs\[1\] must be a torch.Tensor"):
-        streamfuse.compile(torch.add, (randn(2), "x"), config)
+    # a non-tensor example input (a flag, a number, None, a cache object) goes through the backend,
+    # where Dynamo guards it; a call eager rejects then raises eager's error
+    with pytest.warns(streamfuse.StreamfuseFallbackWarning, match=r"example_inputs\[1\] is a str, not a tensor"):
+        added = streamfuse.compile(torch.add, (randn(2), "x"), config)
+    assert isinstance(added, streamfuse.BackendFallback)
+    with pytest.raises(TypeError):
+        added(randn(2), "x")
     with pytest.raises(ValueError, match="model must be an nn.Module or a callable"):
         streamfuse.compile(42, (randn(2),), config)
     with pytest.raises(ValueError, match="config must be a streamfuse.Config"):

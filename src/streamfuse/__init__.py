@@ -38,8 +38,9 @@ def compile(
     takes tensors like `example_inputs` (positional, or by the model's parameter names) and returns
     what model returns. `example_inputs`: a tensor, a tuple of tensors (the first positional
     parameters), or a dict of tensors by parameter name (`{"input_ids": ids, "attention_mask": mask}`:
-    the compiled model then takes them in that order or by those names); an input that is a list,
-    tuple or dict of tensors (a list of images) sends the model through the backend (below). A call with other shapes
+    the compiled model then takes them in that order or by those names); an input that is not a
+    tensor (a list of images, a DynamicCache, a flag such as `output_hidden_states=True`) sends the
+    model through the backend (below). A call with other shapes
     or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be captured
     as one graph runs through `torch.compile(model, backend="streamfuse")` instead (a BackendFallback:
     Dynamo splits it where it must), and one that fails there too, or in planning, runs eagerly (an
@@ -51,8 +52,8 @@ def compile(
     from streamfuse.capture.export import keyword_model, nested_input, normalize_inputs
 
     nested = nested_input(example_inputs)
-    if nested is not None:  # a list of images (torchvision's detection models), a tuple of tensors, ...
-        return BackendFallback(model, f"{nested}: nested inputs go through Dynamo, which guards their structure",
+    if nested is not None:  # a list of images (torchvision's detection models), a KV cache, a flag, ...
+        return BackendFallback(model, f"{nested}: such inputs go through Dynamo, which guards them at every call",
                                config or Config())
     if isinstance(example_inputs, dict):
         model, example_inputs = keyword_model(model, example_inputs)

@@ -91,16 +91,19 @@ def keyword_model(model: Callable[..., Any], example_inputs: dict[Any, Any]) -> 
 
 
 def nested_input(example_inputs: Any) -> str | None:
-    """Names the first example input that is a list, tuple or dict whose leaves are all tensors (such
-    inputs are compiled through the backend: Dynamo guards their structure at every call), or None.
-    Other non-tensor inputs are left to normalize_inputs' error."""
+    """Names the first example input that is not a tensor, or None. Such inputs are compiled through
+    the backend, where Dynamo guards them at every call: a list, tuple or dict of tensors (a list of
+    images), another pytree of tensors (transformers' DynamicCache fed back for the next decode step),
+    a Python number, flag or None (`output_hidden_states=True`, timm's `pre_logits=True`)."""
     items = example_inputs.items() if isinstance(example_inputs, dict) else \
         enumerate(example_inputs) if isinstance(example_inputs, (tuple, list)) else ()
     for key, value in items:
-        if isinstance(value, (tuple, list, dict)):
-            leaves = pytree.tree_leaves(value)
-            if leaves and all(isinstance(t, torch.Tensor) for t in leaves):
-                return f"example_inputs[{key!r}] is a {type(value).__name__} of {len(leaves)} tensor(s)"
+        if isinstance(value, torch.Tensor):
+            continue
+        leaves = pytree.tree_leaves(value)
+        if leaves != [value] and all(isinstance(t, torch.Tensor) for t in leaves):
+            return f"example_inputs[{key!r}] is a {type(value).__name__} of {len(leaves)} tensor(s)"
+        return f"example_inputs[{key!r}] is a {type(value).__name__}, not a tensor"
     return None
 
 
