@@ -209,6 +209,34 @@ def test_padding_rows_repeat_a_real_row(config) -> None:  # type: ignore[no-unty
     assert compiled.batch_reason is None and compiled.eager_reason is None and 4 in compiled._variants
 
 
+def test_a_bucket_plan_that_fails_on_its_first_run_falls_back_for_that_batch(config) -> None:  # type: ignore[no-untyped-def]
+    """At batch 1 a reshape of a transposed tensor stays a view, and ATen's group norm rejects it
+    (the traced graph has no contiguous copy there; aot_eager fails alike). The bucket's plan failed
+    on its first run and the error reached the caller, though the compiled plan had run and eager
+    runs this input (a helper's random networks, session 41). Now the batch is fixed, the call gets
+    a plan of its own, which falls back to eager with a warning, and the compiled batch keeps its plan."""
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.gn = torch.nn.Linear(2, 4), torch.nn.GroupNorm(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.gn(self.fc(x).transpose(1, 2).reshape(x.shape[0], 4, 3, 1))
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (randn(2, 3, 2),), config)
+        x = randn(2, 3, 2, seed=1)
+        torch.testing.assert_close(compiled(x), model(x))
+        x1 = randn(1, 3, 2, seed=2)
+        with pytest.warns(streamfuse.StreamfuseFallbackWarning, match="failed on its first call"):
+            torch.testing.assert_close(compiled(x1), model(x1))
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.batch_reason is not None and "batch bucket 1 failed" in compiled.batch_reason
+    assert compiled.eager_reason is None
+
+
 def test_group_norm_and_a_cat_after_an_empty_tensor_keep_their_padding(config) -> None:  # type: ignore[no-untyped-def]
     """Two false positives of the batch checks (session-27 timm/HF sweep): native_group_norm takes
     the batch size as an int argument (GroupNorm normalizes each sample alone: poolformer), and

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.utils._pytree as pytree
@@ -109,6 +109,9 @@ class CompiledGraph(ModelState):
             self.base_batch: padded_outputs(base.graph, analysis) if not isinstance(analysis, str)
             else [None] * len(base.graph.outputs)}
         self._runners: OrderedDict[int, GraphRunner] = OrderedDict()
+        self._ran: set[int] = {self.base_batch}
+        """Batch buckets whose plan has run once without graphs (the compiled batch's first call is
+        `_first_calls`'s to guard)."""
         self._mutated_index = {m for m, _ in call.mutated}
         self._user_outputs = base.graph.user_outputs if base.graph.writebacks else None
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
@@ -309,7 +312,16 @@ class CompiledGraph(ModelState):
             # (zeros made ATen's CPU integer division raise on an integer divisor input)
             buf[batch:].copy_(buf[batch - 1:batch].expand_as(buf[batch:]))
             staged.append(buf)
-        outs = exe.run(staged)
+        if padded in self._ran:
+            outs = exe.run(staged)
+        else:
+            try:
+                outs = exe.run(staged)
+            except (BadInput, torch.OutOfMemoryError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the bucket's plan fails where the compiled one ran
+                self._bucket_failed(padded, exc)
+            self._ran.add(padded)
         return [o[: batch * k] if k is not None and isinstance(o, torch.Tensor) else o
                 for o, k in zip(outs, self._slices[padded], strict=True)]
 
@@ -433,6 +445,18 @@ class CompiledGraph(ModelState):
                 raise ValueError(f"output {j} changes shape beyond dim 0 with the batch; batch is fixed")
         self._variants[padded] = exe
         self._slices[padded] = slices
+
+    def _bucket_failed(self, padded: int, exc: Exception) -> NoReturn:
+        """A batch bucket's plan (captured at that batch) failed on its first run, where the compiled
+        one ran: at batch 1 a reshape of a transposed tensor stays a view, which ATen's group norm
+        rejects though eager's composite makes it contiguous first (a helper's random networks,
+        session 41). The batch is fixed from now on, so this call and every other batch gets a plan
+        of its own, whose first call falls back to eager with a warning if it fails too."""
+        self._variants.pop(padded, None)
+        self._slices.pop(padded, None)
+        self.drop_graph(padded)
+        self.batch_reason = f"the plan for batch bucket {padded} failed on its first call: {failure_text(exc)}"[:300]
+        raise InputMismatch(self.batch_reason) from exc
 
     def _record(self, padded: int, inputs: Sequence[Any]) -> GraphRunner | None:
         try:
