@@ -389,7 +389,7 @@ def _writes_arguments(node: torch.fx.Node) -> bool:
         training = node.args[5] if len(node.args) > 5 else node.kwargs.get("training")
         running_mean = node.args[3] if len(node.args) > 3 else node.kwargs.get("running_mean")
         return bool(training) and running_mean is not None
-    return any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
+    return target._schema.is_mutable
 
 
 def _compiling() -> contextlib.AbstractContextManager[Any]:

@@ -97,7 +97,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                 written.append((args[1], args[0]))
                 env[fx_node] = args[1]
                 continue
-            if _writes(target):
+            if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
                 # the graph is taken to have no side effects (_live drops what no output reads): a
                 # write that functionalization left would vanish, and the result be silently wrong
                 raise UnsupportedGraph(f"{fx_node.name} ({qual}) writes into one of its arguments in place")
@@ -147,12 +147,6 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                   source_ops=source_ops, writebacks=writebacks)
     graph.validate()
     return graph
-
-
-def _writes(target: Any) -> bool:
-    """An op whose schema says it modifies one of its arguments."""
-    return isinstance(target, torch._ops.OpOverload) and \
-        any(a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
 
 
 def _same_meta(dst: Any, src: Node) -> bool:
