@@ -311,7 +311,7 @@ step s40-mbv3 200 python3 benchmarks/train_check.py --json "$OUT/s40-mbv3.json" 
 step s40-red 200 python3 benchmarks/reduction_tiles.py
 # session 41: the edge-case sweep's fixes (batch-sized tensors and integer divisors under padding,
 # circular padding's writes, effect-token graphs through the backend), on the GPU's plans and graphs
-step s41-fixes 300 python3 -m pytest -q -W ignore -p no:logging tests/test_gpu.py tests/test_runtime.py tests/test_api.py \
+step s41-fixes 300 python3 -m pytest -q -W ignore -p no:logging tests/test_gpu.py tests/test_runtime.py tests/test_padding.py tests/test_api.py \
   tests/test_fusion.py tests/test_model_state.py \
   -k "batch_sized or made_with_the_batch or repeat_a_real_row or functionalization or effect_token or padding or transpose_of_a_reduced or hook or batch_norms_follow or snapshots_of_inference or weights_changed or bucket_plan_that_fails or flags_numbers"
 step s37-compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet \
