@@ -49,11 +49,11 @@ def compile(
         raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
     if not callable(model):
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
-    from streamfuse.capture.export import keyword_model, nested_input, normalize_inputs
+    from streamfuse.capture.export import keyword_model, non_tensor_input, normalize_inputs
 
-    nested = nested_input(example_inputs)
-    if nested is not None:  # a list of images (torchvision's detection models), a KV cache, a flag, ...
-        return BackendFallback(model, f"{nested}: such inputs go through Dynamo, which guards them at every call",
+    other = non_tensor_input(example_inputs)
+    if other is not None:  # a list of images (torchvision's detection models), a KV cache, a flag, ...
+        return BackendFallback(model, f"{other}: such inputs go through Dynamo, which guards them at every call",
                                config or Config())
     if isinstance(example_inputs, dict):
         model, example_inputs = keyword_model(model, example_inputs)
@@ -124,7 +124,9 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     def compare(sig: list[Any], batch: int, other: Graph, other_batch: int) -> frozenset[Any]:
         """Raises where `other` is not the graph at `batch` with the batch changed; else the nodes
         of `other` whose dim 0 follows the batch."""
-        other_sig = batch_signature(other)
+        traced_sig = signatures.get(other_batch)  # a graph traced_at made: its signature is taken
+        other_sig = traced_sig if traced_sig is not None and traced.get(other_batch) is other else \
+            batch_signature(other)
         reason = differs_beyond_batch(sig, other_sig, batch, other_batch)
         if reason is not None:
             raise ValueError(f"the model is not the same function of the batch: {reason}")
@@ -135,13 +137,14 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
         size of at least 2 (the compiled one where it is); its outputs' padding read from the graph
         as captured, before the device's rewrites fold what was made with the batch's size."""
         batch = examples[0].shape[0]
-        other = traced.pop(batch, None) or convert(capture(model, tuple(examples)))
+        other = traced.get(batch) or convert(capture(model, tuple(examples)))
         reference = next((b for b in signatures if b != batch), None)
         if batch >= 2 and reference is not None:
             analysis = batch_rows(other, compare(signatures[reference], reference, other, batch))
             if isinstance(analysis, str):
                 raise ValueError(f"batch {batch} cannot be padded: {analysis}")
             other.padded_outputs = padded_outputs(other, analysis)
+        traced.pop(batch, None)
         return other
 
     def batch_check(batch: int) -> list[int | None]:

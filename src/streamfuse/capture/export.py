@@ -85,12 +85,10 @@ def keyword_model(model: Callable[..., Any], example_inputs: dict[Any, Any]) -> 
     for key, value in example_inputs.items():
         if not isinstance(key, str):
             raise ValueError(f"example_inputs keys must be the model's parameter names (str), got {key!r}")
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(f"example_inputs[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
     return KeywordInputs(model, list(example_inputs)), tuple(example_inputs.values())
 
 
-def nested_input(example_inputs: Any) -> str | None:
+def non_tensor_input(example_inputs: Any) -> str | None:
     """Names the first example input that is not a tensor, or None. Such inputs are compiled through
     the backend, where Dynamo guards them at every call: a list, tuple or dict of tensors (a list of
     images), another pytree of tensors (transformers' DynamicCache fed back for the next decode step),
