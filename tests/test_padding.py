@@ -80,3 +80,26 @@ def test_a_bucket_plan_that_fails_on_its_first_run_falls_back_for_that_batch(con
         torch.testing.assert_close(compiled(x), model(x))
     assert compiled.batch_reason is not None and "batch bucket 1 failed" in compiled.batch_reason
     assert compiled.eager_reason is None
+
+
+def test_a_graph_recorded_at_the_compiled_batch_slices_batch_sized_outputs(config) -> None:  # type: ignore[no-untyped-def]
+    """The compiled plan's CUDA graph, recorded by a call at the compiled batch, slices a padded
+    replay's outputs by the padding its first call at another batch finds: zeros_like(x) came back
+    at the compiled batch, (4, 16) for (3, 16) (H200, test_gpu.py). CPU: a runner stands in for it."""
+    from streamfuse.runtime.graphs import GraphRunner
+
+    def made(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.zeros_like(x), torch.ones(x.shape[0], 3) * 2, x + 1
+
+    with torch.no_grad():
+        compiled = streamfuse.compile(made, (randn(4, 16),), config)
+        compiled(randn(4, 16))
+        runner = object.__new__(GraphRunner)  # as _record makes it, before any other batch was seen
+        runner.exe, runner.batch_slices = compiled.base, list(compiled._slices[4])
+        assert runner.batch_slices == [None, None, 1]  # the device's graph: the sizes were folded
+        compiled._runners[4] = runner
+        x = randn(3, 16, seed=3)
+        compiled(x)  # no graphs on the CPU: the padded plan runs, and the first other batch is checked
+        outputs = [t for t in made(randn(4, 16))]
+        got = runner._views(outputs, 3, exact=False)
+        assert [tuple(t.shape) for t in got] == [(3, 16), (3, 3), (3, 16)]

@@ -391,6 +391,12 @@ class CompiledGraph(ModelState):
             return
         if len(slices) == len(self._slices[self.base_batch]):
             self._slices[self.base_batch] = slices  # the compiled plan serves smaller batches of its bucket
+            # its graph, recorded by a call at the compiled batch, kept the slices of the analysis
+            # of the device's graph, where the batch's size was folded into constants (zeros_like(x)
+            # is not sliced there: [4, 16] came back for batch 3 on the H200)
+            runner = self._runners.get(self.base_batch)
+            if runner is not None:
+                runner.slice_by(slices)
 
     def _specialization(self, inputs: Sequence[Any]) -> Any:
         """The model compiled for these inputs' shapes and dtypes: built on first use, at most

@@ -178,7 +178,8 @@ class GraphRunner:
         docstring). None copies every input."""
         self.exe = exe
         self.reuse_outputs = reuse_outputs
-        self.batch_slices = list(batch_slices)[: exe.graph.user_outputs]
+        self.batch_slices: list[int | None] = []
+        self.slice_by(batch_slices)
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
         self.in_place = [i for i in exe.graph.written_inputs
                          if inputs is not None and readable_in_place(inputs[i], exe.graph.inputs[i], exe.device)]
@@ -214,6 +215,12 @@ class GraphRunner:
         self.outputs_copied = 0
         """Calls that copied their outputs out (reuse_outputs off, and every handed-out set still held
         by the caller, or none to hand out): a copy launch and a new allocation per call."""
+
+    def slice_by(self, batch_slices: Sequence[int | None]) -> None:
+        """Which outputs a padded replay slices to the caller's batch (`batch_slices`, as in
+        __init__): the compiled plan's become known at its first call of another batch (CompiledGraph
+        `_check_function_of_batch`), after its graph may have been recorded at the compiled batch."""
+        self.batch_slices = list(batch_slices)[: self.exe.graph.user_outputs]
 
     def _copy_nodes_possible(self) -> bool:
         if not self.copied:
