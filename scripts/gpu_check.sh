@@ -12,7 +12,7 @@
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [s34-replay] [s34-train-r50] [s34-r50-1s] [s34-train] [s34-train-1s] [s34-train-2s]
 #                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train] [s36-va] [s36-vb] [s36-vc] [s36-vd] [s36-train-check] [s36-train-rest] [s36-train-amp] [s37-shuf] [s37-compile]
-#                       [s38-timm-a] [s38-timm-b] [s38-suite] [s38-vision] [s39-gate] [s39-detect] [s39-text] [s40-mbv3] [s40-red] [s41-fixes] [s42-text]
+#                       [s38-timm-a] [s38-timm-b] [s38-suite] [s38-vision] [s39-gate] [s39-detect] [s39-text] [s40-mbv3] [s40-red] [s41-fixes] [s42-text] [s42-fixes]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -42,7 +42,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -317,6 +317,10 @@ step s40-red 200 python3 benchmarks/reduction_tiles.py
 step s41-fixes 300 python3 -m pytest -q -W ignore -p no:logging tests/test_gpu.py tests/test_runtime.py tests/test_padding.py tests/test_api.py \
   tests/test_fusion.py tests/test_model_state.py \
   -k "batch_sized or made_with_the_batch or repeat_a_real_row or functionalization or effect_token or padding or transpose_of_a_reduced or hook or batch_norms_follow or snapshots_of_inference or weights_changed or bucket_plan_that_fails or flags_numbers"
+# session 42: the graph path's audit (static inputs start as the recording call's rows; a failed
+# capture at another bucket runs padded; a random kernel falling back while recording keeps graphs off)
+step s42-fixes 200 python3 -m pytest -q -W ignore -p no:logging tests/test_gpu.py tests/test_padding.py tests/test_api.py \
+  -k "recorded_graphs_read_rows or batch_sized or padding or emulated or capture_that_fails or rows_the_calls_gave or random_kernel or effect_token"
 step s37-compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet \
   && python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet'
 step s36-vd 200 streamfuse bench --suite models --models shufflenet --batch 1 --dtype float32 --modes $MODES_SF \
@@ -405,7 +409,7 @@ for f in s42-text s39-text s38-suite s38-vision s36-va s36-vb s36-vc s36-vd mode
 [ -f "$OUT/s31-tests.txt" ] && tail -8 "$OUT/s31-tests.txt"
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
-for f in s39-gate s39-detect s40-red s41-fixes; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
+for f in s39-gate s39-detect s40-red s41-fixes s42-fixes; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
 for f in s36-train-check s36-train-rest s36-train-amp s37-shuf s38-timm-a s38-timm-b s40-mbv3; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"

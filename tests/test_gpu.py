@@ -161,6 +161,27 @@ def test_batch_sized_tensors_and_integer_divisors_in_padded_graphs(config) -> No
         assert compiled.batch_reason is None
 
 
+def test_recorded_graphs_read_rows_calls_gave(config) -> None:  # type: ignore[no-untyped-def]
+    """Session 42 (tests/test_padding.py emulates it on the CPU): a recorded graph's static inputs
+    start as the recording call's inputs, padding rows repeating its last row, not zeros, which
+    `emb(ids - 1)` gathered at index -1; and a capture that fails at another bucket runs the call
+    padded without graphs, not the compiled plan on the call's batch."""
+    emb = torch.nn.Embedding(10, 8).cuda().eval()
+
+    def one_based(ids: torch.Tensor) -> torch.Tensor:
+        return emb(ids - 1) * 2
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        compiled = streamfuse.compile(one_based, (torch.randint(1, 11, (4, 5), generator=gen).cuda(),), config)
+        for batch in (4, 3, 2, 5, 3):
+            ids = torch.randint(1, 11, (batch, 5), generator=gen).cuda()
+            torch.testing.assert_close(compiled(ids), one_based(ids))
+        torch.cuda.synchronize()
+        assert compiled.stats["graphs"] >= 2 and compiled.graph_failure is None
+        assert all(int(r.static_inputs[0].min()) >= 1 for r in compiled._runners.values())
+
+
 def test_outputs_are_fresh_unless_reuse_outputs(config) -> None:  # type: ignore[no-untyped-def]
     fn = lambda x: torch.softmax(x, -1).sum(0, keepdim=True) * x  # two reduction domains: 2 launches
     a, b = _fresh((4, 64), 1), _fresh((4, 64), 2)

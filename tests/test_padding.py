@@ -103,3 +103,112 @@ def test_a_graph_recorded_at_the_compiled_batch_slices_batch_sized_outputs(confi
         outputs = [t for t in made(randn(4, 16))]
         got = runner._views(outputs, 3, exact=False)
         assert [tuple(t.shape) for t in got] == [(3, 16), (3, 3), (3, 16)]
+
+
+# -- the CUDA-graph path, emulated on the CPU (tests/graph_emulation.py) ---------------------------
+
+
+def test_emulated_graphs_pad_and_slice_as_the_plan_does(config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """CompiledGraph's graph path (_replay, _record, GraphRunner) on emulated graphs: calls at the
+    compiled batch, padded to it and to other buckets return eager's shapes and values (the H200's
+    (4, 16) for (3, 16) shows here too without GraphRunner.slice_by)."""
+    from graph_emulation import emulate_graphs
+
+    def made(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.zeros_like(x), torch.ones(x.shape[0], 3) * 2, x + 1
+
+    with torch.no_grad():
+        compiled = streamfuse.compile(made, (randn(4, 16),), config.replace(input_copy_node=False))
+        emulate_graphs(monkeypatch, compiled)
+        for batch in (4, 3, 4, 3, 2, 5, 3):
+            x = randn(batch, 16, seed=batch)
+            got, want = compiled(x), made(x)
+            assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want]
+            torch.testing.assert_close(list(got), list(want))
+        assert compiled.stats["graphs"] == 3 and compiled.graph_failure is None
+
+
+@pytest.mark.parametrize("options", [{}, {"max_specializations": 0}, {"check_inputs": False}])
+def test_a_capture_that_fails_at_another_batch_runs_the_call_padded(config, monkeypatch, options) -> None:  # type: ignore[no-untyped-def]
+    """A capture that fails at a batch bucket other than the compiled one: the call runs without
+    graphs as on the CPU, padded to its bucket. It ran the compiled plan on the call's batch: (4, 16)
+    for (3, 16) with Config.check_inputs off, InputMismatch raised with max_specializations=0, and
+    a needless specialization compiled otherwise."""
+    from graph_emulation import emulate_graphs
+
+    from streamfuse.runtime import compiled as compiled_module
+
+    def model(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).relu() + 1
+
+    def capture_fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (randn(4, 16),), config.replace(input_copy_node=False, **options))
+        emulate_graphs(monkeypatch, compiled)
+        monkeypatch.setattr(compiled_module, "GraphRunner", capture_fails)
+        for batch in (3, 3, 4, 8):
+            x = randn(batch, 16, seed=batch)
+            torch.testing.assert_close(compiled(x), model(x))
+        assert compiled.graph_failure is not None and compiled.stats["specializations"] == 0
+
+
+class _OneBased(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.emb(ids - 1) * 2
+
+
+def test_a_recorded_graph_runs_on_rows_the_calls_gave(config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The static inputs a recording's warm-up reads, and the padding rows of a padded replay, hold
+    rows calls gave (the last row repeated, as the plan without graphs pads), not zeros, which
+    `emb(ids - 1)` gathered at index -1, out of bounds."""
+    from graph_emulation import EmulatedInstance, emulate_graphs
+
+    model = _OneBased().eval()
+    ids = torch.randint(1, 11, (4, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (ids,), config.replace(input_copy_node=False))
+        emulate_graphs(monkeypatch, compiled)
+        for batch in (4, 3, 2):
+            x = ids[:batch].clone()
+            torch.testing.assert_close(compiled(x), model(x))
+        assert EmulatedInstance.warmups and all(w[0].min() >= 1 for w in EmulatedInstance.warmups)
+        assert all(r.static_inputs[0].min() >= 1 for r in compiled._runners.values())  # type: ignore[union-attr]
+
+
+def test_a_random_kernel_that_falls_back_while_recording_keeps_graphs_off(config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """graph_skip_reason decides before any kernel ran; a dropout kernel that fails to compile in
+    the recording's warm-up runs through ATen, from host offsets a replay repeats: no graph is kept
+    (ReplayGraph asks again before recording too)."""
+    from graph_emulation import emulate_graphs
+
+    from streamfuse.ir.rng import is_rand
+    from streamfuse.runtime.fallback import StreamfuseFallbackWarning
+    from streamfuse.runtime.steps import KernelStep
+
+    class Drop(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.dropout(x * 2, 0.5, training=True) + 1
+
+    def out_of_resources(args: object) -> None:
+        raise RuntimeError("out of resource: shared memory")
+
+    with torch.no_grad():
+        compiled = streamfuse.compile(Drop(), (randn(4, 64),), config.replace(input_copy_node=False))
+        if compiled.executor != "triton":
+            pytest.skip("needs generated kernels on the CPU (Triton's interpreter): the GPU's CPU runs reference ops")
+        emulate_graphs(monkeypatch, compiled)
+        exe = compiled.base
+        step = next(s for s in exe.steps if isinstance(s, KernelStep) and any(is_rand(n) for n in s.group.nodes))
+        monkeypatch.setattr(step, "_launch", out_of_resources)  # as a launch on the GPU fails
+        step.direct, step.fallback_slot = True, exe.slot
+        x = randn(4, 64)
+        with pytest.warns(StreamfuseFallbackWarning):
+            first = compiled(x)
+        assert not torch.equal(first, compiled(x))
+        assert compiled.stats["graphs"] == 0 and "through ATen" in (compiled.graph_skip or "")

@@ -16,20 +16,21 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
 from streamfuse.config import Config
 from streamfuse.ir.batch import batch_rows, padded_outputs
-from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.graph import Graph
+from streamfuse.runtime.buckets import BatchBuckets
 from streamfuse.runtime.executable import Executable, build_executable
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
-from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_count, raise_bad_input
+from streamfuse.runtime.inputs import BadInput, InputMismatch
 from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
 from streamfuse.runtime.model_state import ModelState
 from streamfuse.runtime.structure import autocast_state
@@ -59,7 +60,7 @@ def build(graph: Graph, config: Config, device: torch.device, call: CallSpec | N
                          batch_check)
 
 
-class CompiledGraph(ModelState):
+class CompiledGraph(ModelState, BatchBuckets):
     """A captured, planned and generated graph. Call it like the model it came from."""
 
     def __init__(self, base: Executable, call: CallSpec, recapture: Recapture | None = None,
@@ -297,34 +298,6 @@ class CompiledGraph(ModelState):
         flat = self.base.run(inputs)
         return flat if self._user_outputs is None else flat[: self._user_outputs]
 
-    def _run_bucketed(self, inputs: list[Any]) -> list[Any]:
-        """Without CUDA graphs: the compiled batch runs as is, another batch padded to its bucket."""
-        batch = self._check_batch(inputs)
-        if batch == self.base_batch:  # already checked: only the documented contiguous copy remains
-            return self.base.run(self.base.contiguous(inputs))
-        padded = self._bucket(batch)
-        exe = self._variants[padded]
-        staged = []
-        for x, node in zip(inputs, exe.graph.inputs, strict=True):
-            buf = torch.empty(node.shape, dtype=node.dtype, device=self.device)
-            buf[:batch].copy_(x)
-            # the padding rows repeat the last real row: an op valid on the real rows is valid on them
-            # (zeros made ATen's CPU integer division raise on an integer divisor input)
-            buf[batch:].copy_(buf[batch - 1:batch].expand_as(buf[batch:]))
-            staged.append(buf)
-        if padded in self._ran:
-            outs = exe.run(staged)
-        else:
-            try:
-                outs = exe.run(staged)
-            except (BadInput, torch.OutOfMemoryError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - the bucket's plan fails where the compiled one ran
-                self._bucket_failed(padded, exc)
-            self._ran.add(padded)
-        return [o[: batch * k] if k is not None and isinstance(o, torch.Tensor) else o
-                for o, k in zip(outs, self._slices[padded], strict=True)]
-
     def _replay(self, inputs: tuple[Any, ...]) -> list[Any]:
         batch = self._check_batch(inputs)
         padded = batch if batch in self._variants else self._bucket(batch)
@@ -332,7 +305,7 @@ class CompiledGraph(ModelState):
         if runner is None:
             runner = self._record(padded, inputs)
             if runner is None:  # capture failed: run on streams from now on
-                return self._run_flat(list(inputs))
+                return self._without_graph(inputs)
         else:
             self._runners.move_to_end(padded)
             LEDGER.touch(self, padded)
@@ -345,58 +318,17 @@ class CompiledGraph(ModelState):
             self.drop_graph(padded)
             runner = self._record(padded, inputs)
             if runner is None:
-                return self._run_flat(list(inputs))
+                return self._without_graph(inputs)
             return runner(inputs, batch)
 
-    def _check_batch(self, inputs: Sequence[Any]) -> int:
-        expected = self.base.graph.inputs
-        if len(inputs) != len(expected):
-            raise_bad_count(len(expected), len(inputs), self.call.input_names)
-        if not inputs:
-            return 0
-        first = inputs[0]
-        # a 0-d first input has no batch dimension: the batch is fixed (batch_rows gives a reason), and
-        # the call runs the compiled one (run 85 on the GPU: -1 here sent the replay to a bucket "-1")
-        batch = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() > 0 else self.base_batch
-        if batch != self.base_batch and self.batch_reason is None and self.batch_check is not None:
-            self._check_function_of_batch(inputs, batch)
-        flexible = self.batch_reason is None
-        for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
-            ok = isinstance(t, torch.Tensor) and t.dtype == node.dtype and t.device == self.device
-            if ok and flexible:
-                ok = t.dim() > 0 and t.shape[0] == batch and t.shape[1:] == node.shape[1:]
-            elif ok:
-                ok = t.shape == node.shape
-            if not ok:
-                batch_only = isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[1:] == node.shape[1:]
-                note = (" (only the batch dimension, dim 0, may change between calls)" if flexible else
-                        f" (the batch size is fixed at {self.base_batch}: {self.batch_reason})" if batch_only
-                        else "")
-                raise_bad_input(i, t, _with_batch(node, batch) if flexible else node, self.device,
-                                self.call.input_names, note)
-        return batch
-
-    def _check_function_of_batch(self, inputs: Sequence[Any], batch: int) -> None:
-        """Once, at the first call of another batch: the model captured at that batch must be the
-        compiled graph with the batch changed; otherwise the batch is fixed (batch_reason) and other
-        batches get plans of their own."""
-        check, self.batch_check = self.batch_check, None
-        if not all(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch for t in inputs):
-            self.batch_check = check  # not a batch change the padding would take: bad input decides
-            return
-        try:
-            slices = check(batch)  # type: ignore[misc]
-        except Exception as exc:  # noqa: BLE001 - not provably the same function: no padding
-            self.batch_reason = f"{type(exc).__name__}: {exc}"[:300]
-            return
-        if len(slices) == len(self._slices[self.base_batch]):
-            self._slices[self.base_batch] = slices  # the compiled plan serves smaller batches of its bucket
-            # its graph, recorded by a call at the compiled batch, kept the slices of the analysis
-            # of the device's graph, where the batch's size was folded into constants (zeros_like(x)
-            # is not sliced there: [4, 16] came back for batch 3 on the H200)
-            runner = self._runners.get(self.base_batch)
-            if runner is not None:
-                runner.slice_by(slices)
+    def _without_graph(self, inputs: Sequence[Any]) -> list[Any]:
+        """The call as `_call` runs it without graphs, after a capture failed: padded to its bucket
+        where the batch may change (the compiled plan takes its own batch only: run at batch 3 with
+        Config.check_inputs off it returned (4, 16) for (3, 16); on, the call raised InputMismatch or
+        compiled a specialization for a batch its bucket serves)."""
+        if self.batch_reason is None:
+            return self._run_bucketed(list(inputs))
+        return self._run_flat(list(inputs))
 
     def _specialization(self, inputs: Sequence[Any]) -> Any:
         """The model compiled for these inputs' shapes and dtypes: built on first use, at most
@@ -420,62 +352,26 @@ class CompiledGraph(ModelState):
             self.specializations.popitem(last=False)
         return found
 
-    def _bucket(self, batch: int) -> int:
-        buckets = self.config.batch_buckets
-        if batch > buckets[-1]:
-            raise InputMismatch(f"input 0: batch {batch} exceeds the largest batch bucket {buckets[-1]}; "
-                                f"add a bucket with Config(batch_buckets=...)")
-        if batch < 1:
-            raise InputMismatch(f"input 0: batch {batch} must be at least 1")
-        padded = next(b for b in buckets if b >= batch)
-        if padded not in self._variants:
-            try:
-                self._add_variant(padded)
-            except Exception as exc:  # noqa: BLE001 - the batch cannot be padded: it gets its own plan
-                self.batch_reason = f"batch {padded} could not be built ({type(exc).__name__}: {exc})"[:300]
-                raise InputMismatch(self.batch_reason) from exc
-        return padded
-
-    def _add_variant(self, padded: int) -> None:
-        assert self.recapture is not None
-        examples = [torch.zeros((padded,) + n.shape[1:], dtype=n.dtype, device=self.device)
-                    for n in self.base.graph.inputs]
-        exe = self.recapture(examples)
-        analysis = batch_rows(exe.graph)
-        if isinstance(analysis, str):
-            raise ValueError(f"batch {padded} cannot be padded: {analysis}")
-        slices = exe.graph.padded_outputs if exe.graph.padded_outputs is not None else padded_outputs(exe.graph, analysis)
-        base_out = [o.shape if isinstance(o, Node) else None for o in self.base.graph.outputs]
-        for j, (o, rows) in enumerate(zip(exe.graph.outputs, slices, strict=True)):
-            if isinstance(o, Node) and rows is not None and o.shape[1:] != base_out[j][1:]:  # type: ignore[index]
-                raise ValueError(f"output {j} changes shape beyond dim 0 with the batch; batch is fixed")
-        self._variants[padded] = exe
-        self._slices[padded] = slices
-
-    def _bucket_failed(self, padded: int, exc: Exception) -> NoReturn:
-        """A batch bucket's plan (captured at that batch) failed on its first run, where the compiled
-        one ran: at batch 1 a reshape of a transposed tensor stays a view, which ATen's group norm
-        rejects though eager's composite makes it contiguous first (a helper's random networks,
-        session 41). The batch is fixed from now on, so this call and every other batch gets a plan
-        of its own, whose first call falls back to eager with a warning if it fails too."""
-        self._variants.pop(padded, None)
-        self._slices.pop(padded, None)
-        self.drop_graph(padded)
-        self.batch_reason = f"the plan for batch bucket {padded} failed on its first call: {failure_text(exc)}"[:300]
-        raise InputMismatch(self.batch_reason) from exc
-
     def _record(self, padded: int, inputs: Sequence[Any]) -> GraphRunner | None:
         try:
             runner = GraphRunner(self._variants[padded], self._slices[padded],
                                  self.config.reuse_outputs, self.config.output_sets,
                                  self.config.input_copy_node and copy_nodes_pay(self._copied_inputs()),
-                                 inputs if self.inputs_moved < MAX_MOVES else None)
+                                 inputs if self.inputs_moved < MAX_MOVES else None, fill=inputs)
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to stream execution
             torch.cuda.synchronize(self.device)
             _settle_generators(self.device)
             if isinstance(exc, torch.OutOfMemoryError):
                 raise  # not a reason to give graphs up: the entry point makes room and calls again
             self.graph_failure = f"{type(exc).__name__}: {exc}"
+            return None
+        exe = self._variants[padded]
+        if exe.rng is not None and exe.draws_on_host():
+            # a kernel drawing random numbers failed to compile in the recording's warm-up and runs
+            # through ATen, from host offsets every replay would repeat; graph_skip_reason saw the
+            # plan before any kernel ran (ReplayGraph asks again before it records, too)
+            self.graph_skip = graph_skip_reason(exe)
+            self.use_graphs = False
             return None
         self._runners[padded] = runner
         while len(self._runners) > self.config.max_graphs:
@@ -591,11 +487,3 @@ def _settle_generators(device: torch.device) -> None:
 def _capturing() -> bool:
     """Inside someone else's CUDA-graph capture our graph cannot replay: its kernels are captured instead."""
     return torch._C._cuda_isCurrentStreamCapturing()
-
-
-def _with_batch(node: Node, batch: int) -> Node:
-    """The node as the call should have looked, for error messages."""
-    from dataclasses import replace
-
-    return replace(node, shape=(batch,) + node.shape[1:]) if batch > 0 else node
-

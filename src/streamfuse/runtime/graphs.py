@@ -169,13 +169,15 @@ def readable_in_place(t: Any, node: Any, device: torch.device) -> bool:
 
 class GraphRunner:
     def __init__(self, exe: Executable, batch_slices: Sequence[int | None], reuse_outputs: bool,
-                 output_sets: int = 0, input_copy_node: bool = False, inputs: Sequence[Any] | None = None):
+                 output_sets: int = 0, input_copy_node: bool = False, inputs: Sequence[Any] | None = None,
+                 fill: Sequence[Any] | None = None):
         """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
         batch * that), or None for an output that does not depend on the batch. `output_sets`: how
         many instances may hand out their own output buffers (Config.output_sets).
         `input_copy_node`: copy the inputs inside the graph (Config.input_copy_node). `inputs`: the
         call's inputs; those the graph updates in place are read where they are (see the module's
-        docstring). None copies every input."""
+        docstring). None copies every input. `fill`: the call's inputs, which the static buffers
+        hold before the first recording (_fill)."""
         self.exe = exe
         self.reuse_outputs = reuse_outputs
         self.batch_slices: list[int | None] = []
@@ -194,6 +196,8 @@ class GraphRunner:
         self.copied = [i for i in range(len(self.static_inputs)) if i not in self.in_place]
         """Inputs copied into static buffers on each call."""
         self._copied_statics = [self._static(i) for i in self.copied]
+        if fill is not None:
+            self._fill(fill)
         self.written = [i for i in exe.graph.written_inputs if i not in self.in_place]
         """Inputs the graph updates in its static copy: each call copies that back into the caller's tensor."""
         self.copy_node_failure: str | None = None
@@ -221,6 +225,21 @@ class GraphRunner:
         __init__): the compiled plan's become known at its first call of another batch (CompiledGraph
         `_check_function_of_batch`), after its graph may have been recorded at the compiled batch."""
         self.batch_slices = list(batch_slices)[: self.exe.graph.user_outputs]
+
+    def _fill(self, inputs: Sequence[Any]) -> None:
+        """The static buffers hold the call's inputs, the rows beyond its batch repeating its last row,
+        as CompiledGraph._run_bucketed pads: the recording's warm-up runs the plan on them, and a padded
+        replay on the rows beyond the batch, which later calls leave as earlier calls wrote them. Zeros
+        there were values no call gave (an `emb(ids - 1)` gathered at index -1: out of bounds)."""
+        with torch.no_grad():
+            for i, s in zip(self.copied, self._copied_statics, strict=True):
+                x = inputs[i]
+                n = x.shape[0] if x.dim() else 0
+                if s.dim() == 0 or n == s.shape[0]:
+                    s.copy_(x)
+                else:
+                    s[:n].copy_(x)
+                    s[n:].copy_(s[n - 1:n].expand_as(s[n:]))
 
     def _copy_nodes_possible(self) -> bool:
         if not self.copied:
