@@ -168,13 +168,30 @@ class SymbolicGraph:
                                args, tensor_at)
         if self.static is not None:
             return StaticParamsGraph(traced, self.config, [tensor_at.index(i) for i in self.static if i in tensor_at])
-        return training_graph(compile_graph(traced, tensors, self.config), self.training)
+        return training_graph(compile_graph(traced, tensors, self.config), _renamed(self.training, self.gm, traced,
+                                                                                     tensor_at))
 
     def explain(self, source: bool = True) -> str:
         parts = [f"graph with symbolic sizes: {len(self.plans)} concrete plan(s) kept, {self.built} built"
                  + (" (Config.max_specializations_built reached: new shapes run eagerly)" if self.overflow else "")]
         parts += [p.explain(source) for p in self.plans.values()]
         return "\n".join(parts)
+
+
+def _renamed(training: TrainingRole | None, gm: torch.fx.GraphModule, traced: torch.fx.GraphModule,
+             tensor_at: list[int]) -> TrainingRole | None:
+    """The role's static inputs under the names the graph traced at concrete sizes gives them: make_fx
+    names its placeholders `arg<k>_1`, one per tensor argument, where AOTAutograd's were `primals_<i+1>`
+    over every argument, sizes included. Matched by name, none was static: every parameter under
+    64 KiB was copied in at each replay once a batch changed (a helper's emulated training graphs)."""
+    if training is None or not training.static:
+        return training
+    before = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    after = [n.name for n in traced.graph.nodes if n.op == "placeholder"]
+    if len(after) != len(tensor_at):
+        return training  # not one placeholder per tensor: nothing to match by position (correct, slower)
+    static = frozenset(name for i, name in zip(tensor_at, after, strict=True) if before[i] in training.static)
+    return dataclasses.replace(training, static=static)
 
 
 class _TensorArgs:
