@@ -291,6 +291,28 @@ def test_small_parameters_are_read_in_place_and_a_small_batch_is_copied(config: 
     assert forward.replay_stats.replays >= 3 and backward.replay_stats.replays >= 3, forward.explain(source=False)
 
 
+def test_a_batch_change_keeps_small_parameters_read_in_place(config: streamfuse.Config, device: torch.device) -> None:
+    """A partial batch makes Dynamo's graphs symbolic, and their concrete plans are traced again with
+    make_fx, which renames the placeholders: the parameters, known by AOTAutograd's names, were then
+    found nowhere, and every replay copied each small one in (session 42). They stay read in place."""
+    model, eager, compiled = _pair(_MLP, config, device)
+    first = len(backend_module.compiled_graphs)
+    opt, opt_eager = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager))
+    gen = torch.Generator().manual_seed(4)
+    for step, batch in enumerate((8, 5, 8, 5, 8, 5)):
+        x = torch.randn(batch, 32, generator=gen).to(device)
+        for m, o in ((model, opt), (eager, opt_eager)):
+            o.zero_grad(set_to_none=True)
+            (m if m is eager else compiled)(x).square().mean().backward()
+        _compare_params(step, model, eager, grads=True)
+        opt.step()
+        opt_eager.step()
+    plans = [p for g in backend_module.compiled_graphs[first:] if isinstance(g, backend_module.SymbolicGraph)
+             for p in g.plans.values()]
+    assert plans and all(isinstance(p, ReplayGraph) for p in plans)
+    assert all(len(p.static) >= 2 for p in plans), [(p.role, sorted(p.static)) for p in plans]
+
+
 def test_each_training_call_draws_once_from_torchs_generator(config: streamfuse.Config,
                                                              device: torch.device) -> None:
     """With dropout and the default Config.seed, each forward call draws its counter base from
