@@ -320,9 +320,9 @@ step s41-fixes 300 python3 -m pytest -q -W ignore -p no:logging tests/test_gpu.p
 # session 42: the graph path's audit (static inputs start as the recording call's rows; a failed
 # capture at another bucket runs padded; a random kernel falling back while recording keeps graphs off;
 # training graphs read their parameters in place after a batch change)
-step s42-fixes 200 python3 -m pytest -q -W ignore -p no:logging tests/test_gpu.py tests/test_padding.py tests/test_api.py \
+step s42-fixes 200 python3 -m pytest -q -W ignore -p no:logging tests/test_gpu.py tests/test_padding.py tests/test_api.py tests/test_graph_emulated.py \
   tests/test_replay.py -k "recorded_graphs_read_rows or batch_sized or padding or emulated or capture_that_fails or \
-  rows_the_calls_gave or random_kernel or effect_token or batch_change_keeps"
+  rows_the_calls_gave or random_kernel or effect_token or batch_change_keeps or keeps_graphs_for or expanded_output"
 step s37-compile 300 bash -c 'c=$(mktemp -d); python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet \
   && python3 benchmarks/compile_time.py --cache "$c" --models swin_t,googlenet'
 step s36-vd 200 streamfuse bench --suite models --models shufflenet --batch 1 --dtype float32 --modes $MODES_SF \

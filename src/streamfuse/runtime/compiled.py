@@ -305,7 +305,7 @@ class CompiledGraph(ModelState, BatchBuckets):
         if runner is None:
             runner = self._record(padded, inputs)
             if runner is None:  # capture failed: run on streams from now on
-                return self._without_graph(inputs)
+                return self._without_graph(inputs, padded)
         else:
             self._runners.move_to_end(padded)
             LEDGER.touch(self, padded)
@@ -318,16 +318,25 @@ class CompiledGraph(ModelState, BatchBuckets):
             self.drop_graph(padded)
             runner = self._record(padded, inputs)
             if runner is None:
-                return self._without_graph(inputs)
+                return self._without_graph(inputs, padded)
             return runner(inputs, batch)
 
-    def _without_graph(self, inputs: Sequence[Any]) -> list[Any]:
-        """The call as `_call` runs it without graphs, after a capture failed: padded to its bucket
-        where the batch may change (the compiled plan takes its own batch only: run at batch 3 with
-        Config.check_inputs off it returned (4, 16) for (3, 16); on, the call raised InputMismatch or
-        compiled a specialization for a batch its bucket serves)."""
+    def _without_graph(self, inputs: Sequence[Any], padded: int) -> list[Any]:
+        """The call as `_call` runs it without graphs, after the recording for bucket `padded` failed:
+        padded to its bucket where the batch may change (the compiled plan takes its own batch only: run
+        at batch 3 with Config.check_inputs off it returned (4, 16) for (3, 16); on, the call raised
+        InputMismatch or compiled a specialization for a batch its bucket serves). A bucket's plan that
+        had never run and fails here too failed itself, not its capture (ATen's group norm rejecting
+        the view a batch-1 reshape leaves): the batch is fixed (_bucket_failed), and graphs stay on
+        for the plans that run (graph_failure had turned them off for every batch)."""
         if self.batch_reason is None:
-            return self._run_bucketed(list(inputs))
+            first_run = padded not in self._ran
+            try:
+                return self._run_bucketed(list(inputs))
+            except InputMismatch:
+                if first_run and padded not in self._variants:  # _bucket_failed dropped the bucket's plan
+                    self.graph_failure = None
+                raise
         return self._run_flat(list(inputs))
 
     def _specialization(self, inputs: Sequence[Any]) -> Any:
