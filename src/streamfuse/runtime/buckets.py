@@ -25,6 +25,18 @@ from streamfuse.runtime.fallback import failure_text
 from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_count, raise_bad_input
 
 
+def pad_rows(buf: torch.Tensor, x: torch.Tensor) -> None:
+    """`buf` holds `x` in its first rows, and the rows beyond repeat x's last row: an op valid on the
+    real rows is valid on them (zeros made ATen's CPU integer division raise on an integer divisor,
+    and `emb(ids - 1)` gather at index -1). A 0-d or full-size `x` is copied as is."""
+    n = x.shape[0] if x.dim() else 0
+    if buf.dim() == 0 or n == buf.shape[0]:
+        buf.copy_(x)
+        return
+    buf[:n].copy_(x)
+    buf[n:].copy_(buf[n - 1:n].expand_as(buf[n:]))
+
+
 class BatchBuckets:
     """Mixin of CompiledGraph: checking a call's batch, and running it padded to its bucket."""
 
@@ -50,10 +62,7 @@ class BatchBuckets:
         staged = []
         for x, node in zip(inputs, exe.graph.inputs, strict=True):
             buf = torch.empty(node.shape, dtype=node.dtype, device=self.base.device)
-            buf[:batch].copy_(x)
-            # the padding rows repeat the last real row: an op valid on the real rows is valid on them
-            # (zeros made ATen's CPU integer division raise on an integer divisor input)
-            buf[batch:].copy_(buf[batch - 1:batch].expand_as(buf[batch:]))
+            pad_rows(buf, x)
             staged.append(buf)
         if padded in self._ran:
             outs = exe.run(staged)

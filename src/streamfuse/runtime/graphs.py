@@ -54,6 +54,7 @@ import torch
 
 from streamfuse.profile.timing import blas_workspaces_in_pool
 from streamfuse.runtime import cudart
+from streamfuse.runtime.buckets import pad_rows
 from streamfuse.runtime.executable import Executable
 from streamfuse.runtime.memory import storage_bytes
 
@@ -233,13 +234,7 @@ class GraphRunner:
         there were values no call gave (an `emb(ids - 1)` gathered at index -1: out of bounds)."""
         with torch.no_grad():
             for i, s in zip(self.copied, self._copied_statics, strict=True):
-                x = inputs[i]
-                n = x.shape[0] if x.dim() else 0
-                if s.dim() == 0 or n == s.shape[0]:
-                    s.copy_(x)
-                else:
-                    s[:n].copy_(x)
-                    s[n:].copy_(s[n - 1:n].expand_as(s[n:]))
+                pad_rows(s, inputs[i])
 
     def _copy_nodes_possible(self) -> bool:
         if not self.copied:
