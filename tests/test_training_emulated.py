@@ -111,3 +111,32 @@ def test_a_batch_change_keeps_parameters_read_in_place(config: streamfuse.Config
     assert symbolic and plans and all(isinstance(p, ReplayGraph) for p in plans)
     # the MLP's four parameters, in the forward and among the backward's saved inputs
     assert all(len(p.static) >= 2 for p in plans), [(p.role, sorted(p.static)) for p in plans]
+
+
+class _Tokens(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.ln, self.head = nn.Embedding(64, 16), nn.LayerNorm(16), nn.Linear(16, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln(self.emb(ids)))
+
+
+def test_token_ids_are_recorded_and_replayed(config: streamfuse.Config, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gather from copied token ids records and replays like eager. The emulated capture runs its
+    kernels, so the ids' landing buffers now hold the call's values; uninitialised, they failed a
+    helper's GPT-2 capture with an out-of-bounds index (here, without the fill, the reused memory
+    happened to hold valid ids: this test does not catch that reliably)."""
+    state = emulate_training_graphs(monkeypatch)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(5)
+    batches = [(torch.randint(0, 64, (4, 6), generator=gen), torch.randint(0, 64, (4 * 6,), generator=gen))
+               for _ in range(8)]
+    start = len(backend_module.compiled_graphs)
+    train_and_compare(_Tokens(), batches, lambda m, x, y: F.cross_entropy(m(x).flatten(0, 1), y),
+                      config.replace(executor="triton"))
+    graphs = _replay_graphs(start)
+    assert sorted(g.role for g in graphs) == ["backward", "forward"]
+    for g in graphs:
+        assert g.reason is None and g.replay_stats.replays >= 3, g.explain(False)
+    assert state.recordings == 2
