@@ -6,19 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import randn
+from test_padding import GroupNormOfReshape
 
 import streamfuse
-
-
-class _GroupNormOfReshape(torch.nn.Module):
-    """At batch 1 the reshape of the transposed product stays a view, which ATen's group norm rejects."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc, self.gn = torch.nn.Linear(2, 4), torch.nn.GroupNorm(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gn(self.fc(x).transpose(1, 2).reshape(x.shape[0], 4, 3, 1))
 
 
 def test_a_bucket_plan_that_fails_while_recording_keeps_graphs_for_the_others(config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -28,7 +18,7 @@ def test_a_bucket_plan_that_fails_while_recording_keeps_graphs_for_the_others(co
     from graph_emulation import emulate_graphs
 
     torch.manual_seed(0)
-    model = _GroupNormOfReshape().eval()
+    model = GroupNormOfReshape().eval()
     with torch.no_grad():
         compiled = streamfuse.compile(model, (randn(2, 3, 2),), config.replace(input_copy_node=False))
         emulate_graphs(monkeypatch, compiled)

@@ -54,22 +54,25 @@ def test_padding_rows_repeat_a_real_row(config) -> None:  # type: ignore[no-unty
     assert compiled.batch_reason is None and compiled.eager_reason is None and 4 in compiled._variants
 
 
+class GroupNormOfReshape(torch.nn.Module):
+    """At batch 1 the reshape of the transposed product stays a view, which ATen's group norm rejects."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.gn = torch.nn.Linear(2, 4), torch.nn.GroupNorm(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gn(self.fc(x).transpose(1, 2).reshape(x.shape[0], 4, 3, 1))
+
+
 def test_a_bucket_plan_that_fails_on_its_first_run_falls_back_for_that_batch(config) -> None:  # type: ignore[no-untyped-def]
     """At batch 1 a reshape of a transposed tensor stays a view, and ATen's group norm rejects it
     (the traced graph has no contiguous copy there; aot_eager fails alike). The bucket's plan failed
     on its first run and the error reached the caller, though the compiled plan had run and eager
     runs this input (a helper's random networks, session 41). Now the batch is fixed, the call gets
     a plan of its own, which falls back to eager with a warning, and the compiled batch keeps its plan."""
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc, self.gn = torch.nn.Linear(2, 4), torch.nn.GroupNorm(4, 4)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.gn(self.fc(x).transpose(1, 2).reshape(x.shape[0], 4, 3, 1))
-
     torch.manual_seed(0)
-    model = Net().eval()
+    model = GroupNormOfReshape().eval()
     with torch.no_grad():
         compiled = streamfuse.compile(model, (randn(2, 3, 2),), config)
         x = randn(2, 3, 2, seed=1)

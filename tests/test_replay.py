@@ -259,6 +259,18 @@ def test_the_incoming_gradient_is_copied_even_when_large(config: streamfuse.Conf
             assert tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0), seg
 
 
+def _sgd_in_lockstep(model: nn.Module, eager: nn.Module, compiled: nn.Module, xs: list[torch.Tensor]) -> None:
+    """One SGD step per input on the compiled model and its eager twin; gradients and parameters compared."""
+    opt, opt_eager = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager))
+    for step, x in enumerate(xs):
+        for m, o in ((model, opt), (eager, opt_eager)):
+            o.zero_grad(set_to_none=True)
+            (m if m is eager else compiled)(x).square().mean().backward()
+        _compare_params(step, model, eager, grads=True)
+        opt.step()
+        opt_eager.step()
+
+
 def test_small_parameters_are_read_in_place_and_a_small_batch_is_copied(config: streamfuse.Config,
                                                                          device: torch.device) -> None:
     """Parameters of a few hundred bytes (a layer norm's weight and bias, the biases) are read where
@@ -267,15 +279,8 @@ def test_small_parameters_are_read_in_place_and_a_small_batch_is_copied(config: 
     The batch, 512 bytes at the same address every step, is still copied."""
     model, eager, compiled = _pair(_MLP, config, device)
     first = len(backend_module.compiled_graphs)
-    opt, opt_eager = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager))
     x = torch.randn(4, 32, generator=torch.Generator().manual_seed(3)).to(device)
-    for step in range(8):
-        for m, o in ((model, opt), (eager, opt_eager)):
-            o.zero_grad(set_to_none=True)
-            (m if m is eager else compiled)(x).square().mean().backward()
-        _compare_params(step, model, eager, grads=True)
-        opt.step()
-        opt_eager.step()
+    _sgd_in_lockstep(model, eager, compiled, [x] * 8)
     graphs = _replays(first)
     forward, backward = graphs["forward"], graphs["backward"]
     assert forward.graph is not None and backward.graph is not None, forward.explain(source=False)
@@ -297,16 +302,8 @@ def test_a_batch_change_keeps_small_parameters_read_in_place(config: streamfuse.
     found nowhere, and every replay copied each small one in (session 42). They stay read in place."""
     model, eager, compiled = _pair(_MLP, config, device)
     first = len(backend_module.compiled_graphs)
-    opt, opt_eager = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager))
     gen = torch.Generator().manual_seed(4)
-    for step, batch in enumerate((8, 5, 8, 5, 8, 5)):
-        x = torch.randn(batch, 32, generator=gen).to(device)
-        for m, o in ((model, opt), (eager, opt_eager)):
-            o.zero_grad(set_to_none=True)
-            (m if m is eager else compiled)(x).square().mean().backward()
-        _compare_params(step, model, eager, grads=True)
-        opt.step()
-        opt_eager.step()
+    _sgd_in_lockstep(model, eager, compiled, [torch.randn(b, 32, generator=gen).to(device) for b in (8, 5, 8, 5, 8, 5)])
     plans = [p for g in backend_module.compiled_graphs[first:] if isinstance(g, backend_module.SymbolicGraph)
              for p in g.plans.values()]
     assert plans and all(isinstance(p, ReplayGraph) for p in plans)
