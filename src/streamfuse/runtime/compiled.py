@@ -28,7 +28,7 @@ from streamfuse.runtime.buckets import BatchBuckets
 from streamfuse.runtime.executable import Executable, build_executable
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.gate import CallGate
-from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason
+from streamfuse.runtime.graph_cost import copy_nodes_pay, graph_skip_reason, host_rng_reason
 from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
 from streamfuse.runtime.inputs import BadInput, InputMismatch
 from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
@@ -366,7 +366,7 @@ class CompiledGraph(ModelState, BatchBuckets):
             runner = GraphRunner(self._variants[padded], self._slices[padded],
                                  self.config.reuse_outputs, self.config.output_sets,
                                  self.config.input_copy_node and copy_nodes_pay(self._copied_inputs()),
-                                 inputs if self.inputs_moved < MAX_MOVES else None, fill=inputs)
+                                 inputs=inputs, read_in_place=self.inputs_moved < MAX_MOVES)
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to stream execution
             torch.cuda.synchronize(self.device)
             _settle_generators(self.device)
@@ -374,13 +374,9 @@ class CompiledGraph(ModelState, BatchBuckets):
                 raise  # not a reason to give graphs up: the entry point makes room and calls again
             self.graph_failure = f"{type(exc).__name__}: {exc}"
             return None
-        exe = self._variants[padded]
-        if exe.rng is not None and exe.draws_on_host():
-            # a kernel drawing random numbers failed to compile in the recording's warm-up and runs
-            # through ATen, from host offsets every replay would repeat; graph_skip_reason saw the
-            # plan before any kernel ran (ReplayGraph asks again before it records, too)
-            self.graph_skip = graph_skip_reason(exe)
-            self.use_graphs = False
+        rng = host_rng_reason(self._variants[padded])
+        if rng is not None:  # a random kernel failed to compile in the recording's warm-up
+            self.graph_skip, self.use_graphs = rng, False
             return None
         self._runners[padded] = runner
         while len(self._runners) > self.config.max_graphs:

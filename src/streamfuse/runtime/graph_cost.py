@@ -45,15 +45,26 @@ VIEW_US = 1.0
 """Carving one fresh output out of the per-dtype buffer."""
 
 
+def host_rng_reason(exe: Executable) -> str | None:
+    """Why no CUDA graph may replay `exe` whatever it would save: random numbers drawn through ATen
+    (an ATen step, or a kernel that failed to compile), whose offsets advance on the host. Asked
+    before any kernel ran (graph_skip_reason) and again after a recording's warm-up, where a kernel
+    may have failed (CompiledGraph._record)."""
+    if exe.rng is not None and exe.draws_on_host():
+        return ("the graph draws random numbers (dropout) through ATen: a replayed CUDA graph would repeat the "
+                "first call's mask, so calls launch directly and each draws a fresh one")
+    return None
+
+
 def graph_skip_reason(exe: Executable) -> str | None:
     """Why replaying a CUDA graph would not beat launching directly, or None if it would.
 
     A graph saves the host cost of every launch and allocation but adds copies: inputs into its
     static buffers and (unless reuse_outputs) results out of them. With few launches, or tensors so
     large that the copies cost more than the launches saved, direct launches win."""
-    if exe.rng is not None and exe.draws_on_host():
-        return ("the graph draws random numbers (dropout) through ATen: a replayed CUDA graph would repeat the "
-                "first call's mask, so calls launch directly and each draws a fresh one")
+    rng = host_rng_reason(exe)
+    if rng is not None:
+        return rng
     launches = exe.launches
     # launching directly allocates every intermediate and result on the host, per call
     allocations = sum(len(g.outputs) for g in exe.plan.groups if g.launches)

@@ -170,35 +170,34 @@ def readable_in_place(t: Any, node: Any, device: torch.device) -> bool:
 
 class GraphRunner:
     def __init__(self, exe: Executable, batch_slices: Sequence[int | None], reuse_outputs: bool,
-                 output_sets: int = 0, input_copy_node: bool = False, inputs: Sequence[Any] | None = None,
-                 fill: Sequence[Any] | None = None):
+                 output_sets: int = 0, input_copy_node: bool = False, *, inputs: Sequence[Any],
+                 read_in_place: bool = True):
         """`batch_slices[j]` is the number of rows per batch element of flat output j (its dim 0 is
         batch * that), or None for an output that does not depend on the batch. `output_sets`: how
         many instances may hand out their own output buffers (Config.output_sets).
         `input_copy_node`: copy the inputs inside the graph (Config.input_copy_node). `inputs`: the
-        call's inputs; those the graph updates in place are read where they are (see the module's
-        docstring). None copies every input. `fill`: the call's inputs, which the static buffers
-        hold before the first recording (_fill)."""
+        recording call's inputs, which the static buffers hold before the first recording (_fill).
+        `read_in_place`: those the graph updates in place are read where they are (see the module's
+        docstring); False copies every input."""
         self.exe = exe
         self.reuse_outputs = reuse_outputs
         self.batch_slices: list[int | None] = []
         self.slice_by(batch_slices)
         self.padded_batch = exe.graph.inputs[0].shape[0] if exe.graph.inputs and exe.graph.inputs[0].shape else 0
         self.in_place = [i for i in exe.graph.written_inputs
-                         if inputs is not None and readable_in_place(inputs[i], exe.graph.inputs[i], exe.device)]
+                         if read_in_place and readable_in_place(inputs[i], exe.graph.inputs[i], exe.device)]
         """Inputs the graph updates, read and written in the caller's tensors: the graph points at
         their memory, and replays only while the call's tensor is there (_check_in_place)."""
         self.static_inputs: list[torch.Tensor | None] = [
-            None if i in self.in_place else torch.zeros(n.shape, dtype=n.dtype, device=exe.device)
+            None if i in self.in_place else torch.empty(n.shape, dtype=n.dtype, device=exe.device)
             for i, n in enumerate(exe.graph.inputs)]
-        """The buffers copied inputs land in; None where the caller's tensor is read in place (no
+        """The buffers copied inputs land in (filled from `inputs` below); None where the caller's tensor is read in place (no
         reference to it is kept: holding the caller's old cache would keep its memory from the
         caller's next cache, which then lands elsewhere and moves every time)."""
         self.copied = [i for i in range(len(self.static_inputs)) if i not in self.in_place]
         """Inputs copied into static buffers on each call."""
         self._copied_statics = [self._static(i) for i in self.copied]
-        if fill is not None:
-            self._fill(fill)
+        self._fill(inputs)
         self.written = [i for i in exe.graph.written_inputs if i not in self.in_place]
         """Inputs the graph updates in its static copy: each call copies that back into the caller's tensor."""
         self.copy_node_failure: str | None = None
