@@ -9,6 +9,10 @@ bias and shifted-window mask added): 113-123 µs at a quarter of copy bandwidth,
 elements per thread for every row length. This prints what each budget gives on each shape, so a
 rule by row length can be read off measurements instead of one model's profile.
 
+`--grid 8:16,4:8,...` sweeps (reduction_elems_per_thread, reduction_max_warps) pairs instead, which
+reach tiles of other rows-per-program and warps; `--only swin,vit` keeps the workloads whose names
+hold one of the words; `--inductor` adds torch.compile's (default mode) kernels, timed the same way.
+
 Each workload is compiled by streamfuse.compile (cuda_graphs off; the whole call is then captured
 and replayed here, so the time is the kernels' alone) and checked against eager before timing.
 """
@@ -64,6 +68,9 @@ WORKLOADS: dict[str, tuple[Callable[..., torch.Tensor], tuple]] = {
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--elems", default="2,4,8,16,32", help="reduction_elems_per_thread values, comma-separated")
+    ap.add_argument("--grid", default="", help="elems:max_warps pairs, comma-separated (overrides --elems)")
+    ap.add_argument("--only", default="", help="words, comma-separated: keep workloads whose names hold one")
+    ap.add_argument("--inductor", action="store_true", help="add torch.compile's kernels as a last column")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -72,19 +79,26 @@ def main() -> int:
     import streamfuse
     from streamfuse.profile.timing import time_graph_us
 
-    elems = [int(e) for e in args.elems.split(",")]
+    if args.grid:
+        pairs = [(int(e), int(w)) for e, w in (p.split(":") for p in args.grid.split(","))]
+    else:
+        pairs = [(int(e), 0) for e in args.elems.split(",")]
+    words = [w for w in args.only.split(",") if w]
+    workloads = {k: v for k, v in WORKLOADS.items() if not words or any(w in k for w in words)}
     device = torch.device("cuda")
     gen = torch.Generator(device).manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (GB/s), "
-          f"by reduction_elems_per_thread; [BLOCK_M x BLOCK_R, warps] of the kernel")
-    print(f"{'workload':54s}" + "".join(f"{e:>26d}" for e in elems))
-    for name, (fn, shapes) in WORKLOADS.items():
+          f"by reduction_elems_per_thread[:reduction_max_warps]; [BLOCK_M x BLOCK_R, warps] of the kernel")
+    heads = [f"{e}:{w}" if w else str(e) for e, w in pairs] + (["inductor"] if args.inductor else [])
+    print(f"{'workload':54s}" + "".join(f"{h:>26s}" for h in heads))
+    for name, (fn, shapes) in workloads.items():
         inputs = tuple(torch.randn(s, device=device, generator=gen) for s in shapes)
         want = fn(*inputs)
         nbytes = sum(t.numel() * t.element_size() for t in (*inputs, want))
         cells = []
-        for e in elems:
-            config = streamfuse.Config(reduction_elems_per_thread=e, cuda_graphs=False)
+        for e, w in pairs:
+            config = streamfuse.Config(reduction_elems_per_thread=e, cuda_graphs=False,
+                                       **({"reduction_max_warps": w} if w else {}))
             compiled = streamfuse.compile(fn, inputs, config)
             got = compiled(*inputs)
             err = float((got - want).abs().max() / want.abs().max())
@@ -95,6 +109,12 @@ def main() -> int:
             tiles = [f"{s.constexprs.get('BLOCK_M')}x{s.constexprs.get('BLOCK_R')},{s.num_warps}w"
                      for s in compiled.sources.values() if "BLOCK_R" in s.constexprs]
             cells.append(f"{us:7.1f} ({nbytes / us / 1e3:5.0f}) [{';'.join(tiles)}]")
+        if args.inductor:
+            torch._dynamo.reset()
+            ind = torch.compile(fn)
+            err = float((ind(*inputs) - want).abs().max() / want.abs().max())
+            us = time_graph_us(lambda c=ind, x=inputs: c(*x), calls=10, reps=args.reps)
+            cells.append(f"{us:7.1f} ({nbytes / us / 1e3:5.0f})" if err <= 1e-5 else f"wrong ({err:.1e})")
         print(f"{name:54s}" + "".join(f"{c:>26s}" for c in cells), flush=True)
     return 0
 
