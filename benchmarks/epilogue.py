@@ -42,7 +42,24 @@ def max_err(out: Any, ref: torch.Tensor) -> float:
                                                                        strict=True))
 
 
-def linear_gelu(config: Config) -> list[dict[str, Any]]:
+def kernel_table(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], calls: int = 20) -> list[str]:
+    """The GPU kernels one call of `fn` launches, with their mean time over `calls` calls (torch's
+    profiler, CUDA activity): where a fused plan's time goes beside eager's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn(*inputs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn(*inputs)
+            torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.count]
+    rows.sort(key=lambda e: -e.device_time_total)
+    return [f"{e.device_time_total / calls:8.1f} µs/call  x{e.count / calls:4.1f}  {e.key[:90]}" for e in rows[:8]]
+
+
+def linear_gelu(config: Config, kernels: bool = False) -> list[dict[str, Any]]:
     rows = []
     dtype = torch.bfloat16
     lin = torch.nn.Linear(4096, 4096).to(device="cuda", dtype=dtype)
@@ -69,6 +86,9 @@ def linear_gelu(config: Config) -> list[dict[str, Any]]:
             err = {m: max_err(f(*sets[1]), ref) for m, f in fns.items()}
             kernel = {m: time_graph_us(rotating(f, sets)) for m, f in fns.items()}
         gemm_us = kernel["cuBLAS GEMM alone"]
+        if kernels:
+            for m in ("cuBLAS GEMM alone", "eager GEMM+GELU", "streamfuse auto"):
+                print(f"batch {batch}, {m}: kernels per call", *kernel_table(fns[m], sets[2]), sep="\n  ", flush=True)
         rows.append({"workload": f"Linear 4096->4096 + bias + GELU bf16, batch {batch}", "kernel_us": kernel,
                      "max_err": err, "plans": plans,
                      "auto_vs_gemm_alone": kernel["streamfuse auto"] / gemm_us,
@@ -141,6 +161,8 @@ def small_ops(config: Config) -> list[dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "out"))
+    parser.add_argument("--only-linear", action="store_true", help="the Linear + GELU rows alone")
+    parser.add_argument("--kernels", action="store_true", help="print each Linear + GELU mode's kernels (profiler)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA GPU")
@@ -150,7 +172,9 @@ def main() -> int:
     torch.manual_seed(0)
     config = Config(cache_dir=out_dir / "cache")
     print(f"card: {torch.cuda.get_device_name()}; torch {torch.__version__}")
-    rows = linear_gelu(config) + conv_bn_relu(config) + small_ops(config)
+    rows = linear_gelu(config, args.kernels)
+    if not args.only_linear:
+        rows += conv_bn_relu(config) + small_ops(config)
     for r in rows:
         print(f"\n{r['workload']}")
         for m, t in r["kernel_us"].items():
