@@ -305,7 +305,7 @@ step s43-timm 300 python3 benchmarks/train_check.py --json "$OUT/s43-timm.json" 
 # session 43: bert-base b1, where run 159 had streamfuse.compile 743 µs against the backend's 651 on one plan
 step s43-bert 150 streamfuse bench --suite models --models bert-base \
   --batch 1 --dtype float32 --modes $MODES_SF --reps 10 --out "$OUT/s43-bert"
-# session 43: the Linear + GELU rows with each mode's kernels (run 132's b4096 row: streamfuse auto 0.96x of eager)
+# session 43: the Linear + GELU rows with each mode's kernels (docs/bench/epilogue.txt, 2026-12-03: auto 0.96x of eager at b4096)
 step s43-epi 150 python3 benchmarks/epilogue.py --only-linear --kernels --out "$OUT/s43-epi"
 # session 43: llama at batch 1 through both entry points (the one s38-suite row no run has covered)
 step s43-llama 150 streamfuse bench --suite models --models llama \
