@@ -297,8 +297,8 @@ step s38-suite 560 streamfuse bench --suite models --models swin,gpt2,bert-base,
 step s42-text 240 streamfuse bench --suite models --models gpt2,bert-base \
   --batch 1 --dtype float32 --modes $MODES_SF --reps 5 --out "$OUT/s42-text"
 # session 43: the softmaxes' tiles beyond one budget (rows per program x warps), beside Inductor's kernels
-step s43-red 200 python3 benchmarks/reduction_tiles.py --only softmax --inductor --reps 10 \
-  --grid 8:16,8:8,8:4,8:2,4:16,4:8,4:4,2:16,16:4,16:2
+step s43-red 150 python3 benchmarks/reduction_tiles.py --only window,vit_b_16 --inductor --reps 10 \
+  --grid 8:16,8:8,4:16,4:8,2:16,16:4
 # session 43: the six models of s38-timm-a that run 153's cut left
 step s43-timm 300 python3 benchmarks/train_check.py --json "$OUT/s43-timm.json" --calls 4 \
   --timm coat_lite_tiny,mobilenetv4_conv_small,ghostnet_100,rexnet_100,hrnet_w18_small,dla34
