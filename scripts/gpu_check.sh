@@ -12,7 +12,7 @@
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [s34-replay] [s34-train-r50] [s34-r50-1s] [s34-train] [s34-train-1s] [s34-train-2s]
 #                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train] [s36-va] [s36-vb] [s36-vc] [s36-vd] [s36-train-check] [s36-train-rest] [s36-train-amp] [s37-shuf] [s37-compile]
-#                       [s38-timm-a] [s38-timm-b] [s38-suite] [s38-vision] [s39-gate] [s39-detect] [s39-text] [s40-mbv3] [s40-red] [s41-fixes] [s42-text] [s42-fixes] [s43-llama] [s43-red] [s43-timm] [s43-bert] [s43-epi]
+#                       [s38-timm-a] [s38-timm-b] [s38-suite] [s38-vision] [s39-gate] [s39-detect] [s39-text] [s40-mbv3] [s40-red] [s41-fixes] [s42-text] [s42-fixes] [s43-llama] [s43-red] [s43-timm] [s43-bert] [s43-epi] [s43-ddp]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -42,7 +42,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt s43-llama.txt s43-red.txt s43-timm.txt s43-timm.json s43-bert.txt s43-epi.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt s43-llama.txt s43-red.txt s43-timm.txt s43-timm.json s43-bert.txt s43-epi.txt s43-ddp.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -307,6 +307,8 @@ step s43-bert 150 streamfuse bench --suite models --models bert-base \
   --batch 1 --dtype float32 --modes $MODES_SF --reps 10 --out "$OUT/s43-bert"
 # session 43: the Linear + GELU rows with each mode's kernels (docs/bench/epilogue.txt, 2026-12-03: auto 0.96x of eager at b4096)
 step s43-epi 150 python3 benchmarks/epilogue.py --only-linear --kernels --out "$OUT/s43-epi"
+# session 43: DDP over the backend (NCCL, one process), training with CUDA graphs replaying
+step s43-ddp 90 python3 -m pytest -q -W ignore -p no:logging tests/test_distributed.py
 # session 43: llama at batch 1 through both entry points (the one s38-suite row no run has covered)
 step s43-llama 150 streamfuse bench --suite models --models llama \
   --batch 1 --dtype float32 --modes $MODES_SF --reps 5 --out "$OUT/s43-llama"
@@ -425,7 +427,7 @@ for f in s43-bert s43-llama s42-text s39-text s38-suite s38-vision s36-va s36-vb
 [ -f "$OUT/s31-tests.txt" ] && tail -8 "$OUT/s31-tests.txt"
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
-for f in s39-gate s39-detect s40-red s41-fixes s42-fixes s43-red s43-epi; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
+for f in s39-gate s39-detect s40-red s41-fixes s42-fixes s43-ddp s43-red s43-epi; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
 for f in s36-train-check s36-train-rest s36-train-amp s37-shuf s38-timm-a s38-timm-b s40-mbv3 s43-timm; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"
