@@ -291,6 +291,29 @@ def test_views_of_parameters(train_config: streamfuse.Config) -> None:
     train_and_compare(_ParamViews(), batches, lambda m, x: m(x).pow(2).mean(), train_config)
 
 
+class _Checkpointed(nn.Module):
+    """Residual blocks under activation checkpointing (torch.utils.checkpoint, non-reentrant, as
+    transformers' gradient_checkpointing_enable uses): the partitioner recomputes their forward in
+    the backward graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.ModuleDict({"fc1": nn.Linear(12, 24), "fc2": nn.Linear(24, 12),
+                                                   "norm": nn.LayerNorm(12)}) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(
+                lambda t, b=b: b["norm"](t + b["fc2"](F.gelu(b["fc1"](t)))), x, use_reentrant=False)
+        return x
+
+
+def test_activation_checkpointing(train_config: streamfuse.Config) -> None:
+    torch.manual_seed(3)
+    batches = [(_randn(6, 12, seed=30 + i),) for i in range(3)]
+    train_and_compare(_Checkpointed(), batches, lambda m, x: m(x).pow(2).mean(), train_config)
+
+
 class _Aliasing(nn.Module):
     """Outputs that alias a parameter and each other, a buffer overwritten, the input mutated."""
 
