@@ -475,3 +475,20 @@ def test_a_video_network_over_5d_tensors_through_both_entry_points(config: Any, 
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
     for (name, b), c in zip(train.named_buffers(), ref.buffers(), strict=True):
         torch.testing.assert_close(b, c, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_an_exported_program_compiles_as_its_module(config: Any, device: torch.device) -> None:
+    """`streamfuse.compile(torch.export.export(model, args), args)`: an ExportedProgram cannot be
+    called itself (torch raises), so it compiles as `exported.module()`, whose shape guards stay
+    (an exported static batch accepts that batch only, as eagerly)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(512, 5))
+    model = model.eval().to(device)
+    x = torch.randn(2, 3, 10, 10, device=device)
+    exported = torch.export.export(model, (x,))
+    compiled = streamfuse.compile(exported, (x,), config)
+    assert isinstance(compiled, streamfuse.CompiledGraph), compiled
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(2, 3, 10, 10, device=device)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

@@ -34,7 +34,7 @@ def compile(
     example_inputs: Any,
     config: Config | None = None,
 ) -> CompiledGraph | EagerFallback | BackendFallback:
-    """Capture `model` on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
+    """Capture `model` (or a torch.export ExportedProgram's module) on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
     takes tensors like `example_inputs` (positional, or by the model's parameter names) and returns
     what model returns. `example_inputs`: a tensor, a tuple of tensors (the first positional
     parameters), or a dict of tensors by parameter name (`{"input_ids": ids, "attention_mask": mask}`:
@@ -47,6 +47,8 @@ def compile(
     EagerFallback); each warns once, naming the reason."""
     if config is not None and not isinstance(config, Config):
         raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
+    if isinstance(model, torch.export.ExportedProgram):  # cannot be called itself; its module can
+        model = model.module()
     if not callable(model):
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     from streamfuse.capture.export import keyword_model, non_tensor_input, normalize_inputs
