@@ -5,7 +5,7 @@ than one GPU"): `DDP(torch.compile(model, backend="streamfuse"))` compiles each 
 and DDP's reducer all-reduces the gradients the compiled backward hands to autograd. Each process
 here trains the compiled replica and an eager DDP replica in lockstep on its own inputs; the
 losses, the averaged gradients, the parameters after each SGD step and the batch-norm statistics
-must match eager's. On the CPU two processes all-reduce over gloo; on a GPU one process runs NCCL,
+must match eager's, also after a micro-batch accumulated under `no_sync()`. On the CPU two processes all-reduce over gloo; on a GPU one process runs NCCL,
 with the backend's CUDA graphs replaying from the third step on.
 """
 
@@ -51,6 +51,11 @@ def _train(rank: int, world: int, store: str, device_type: str) -> None:
         opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (compiled, eager)]
         gen = torch.Generator().manual_seed(100 + rank)
         for step in range(STEPS):
+            if step == 1:  # gradient accumulation: a micro-batch under no_sync() (no all-reduce) first
+                x = torch.randn(2, 3, 8, 8, generator=gen).to(device)
+                for m in (compiled, eager):
+                    with m.no_sync():
+                        m(x).square().mean().backward()
             x = torch.randn(3, 3, 8, 8, generator=gen).to(device)
             losses = [m(x).square().mean() for m in (compiled, eager)]
             for loss in losses:
