@@ -9,6 +9,7 @@ import torch
 from helpers import randn
 
 import streamfuse
+from streamfuse.capture import backend as backend_module
 
 
 def test_a_call_that_would_record_gradients_warns_even_after_the_first_call(config) -> None:  # type: ignore[no-untyped-def]
@@ -207,6 +208,25 @@ def test_folded_batch_norms_follow_statistics_a_train_mode_forward_updated(confi
         model(randn(4, 3, 8, 8, seed=5) * 3 + 1)  # the eager module: updates running_mean/var only
         model.eval()
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_backend_folds_follow_statistics_the_uncompiled_module_updated(config) -> None:  # type: ignore[no-untyped-def]
+    """The same through the backend, with the uncompiled module's train-mode forward (a compiled
+    train-mode call was seen already): the backend's graph holds the statistics but not the module,
+    so the bound graph finds the module among the process's objects to watch its
+    num_batches_tracked (session 43; stale folds before, as README said)."""
+    model, x = _conv_bn(), randn(2, 3, 8, 8)
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=streamfuse.make_backend(config.replace(backend_cuda_graphs=True)))
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
+        graph = [g for g in backend_module.compiled_graphs if isinstance(g, backend_module.StaticParamsGraph)][-1]
+        assert graph.folded == 1
+        model.train()
+        model(randn(4, 3, 8, 8, seed=5) * 3 + 1)  # the eager module: updates running_mean/var only
+        model.eval()
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
+        assert graph.live
 
 
 def test_no_snapshots_of_inference_tensors(config) -> None:  # type: ignore[no-untyped-def]

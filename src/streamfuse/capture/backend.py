@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
 from streamfuse.config import Config
-from streamfuse.ir.fold import SnapshotCache, fold_batchnorm
+from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, live_norm_modules, statistics_counters
 from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.fallback import failure_text, warn_fallback
@@ -380,14 +380,18 @@ class StaticParamsGraph:
         self._static_of, self._dynamic_of = picker(self.static), picker(dynamic)
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:
-        """Fold the batch-norms into snapshot weights, watched by version counter (class docstring);
-        not where a bound tensor keeps no version counter (made under torch.inference_mode)."""
+        """Fold the batch-norms into snapshot weights, watched by version counter (class docstring),
+        with the `num_batches_tracked` of their modules (found among the process's objects: a
+        recalibration pass through the uncompiled module in train mode bumps only those); not where a
+        bound tensor keeps no version counter (made under torch.inference_mode)."""
         if (self.live or not self.config.fold_batchnorm
                 or any(isinstance(t, torch.Tensor) and t.is_inference() for t in bound)):
             return
         snapshots = SnapshotCache()
         self.folded = fold_batchnorm(graph, snapshots, note=FOLD_NOTE)
         self.watched = snapshots.sources()
+        if self.folded:  # a train-mode forward of the module itself updates the statistics unseen
+            self.watched += statistics_counters(live_norm_modules(), self.watched)
         self.versions = [t._version for t in self.watched]
 
     @property

@@ -32,7 +32,7 @@ runs the batch-norm as a fused epilogue that reads the live parameters on every 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeGuard, TypeVar
@@ -106,11 +106,29 @@ class SnapshotCache:
         live = [t for t in self.sources() if id(t) not in made]
         if not live or any(t.is_inference() for t in live):
             return None
-        read = {id(t) for t in live}
         modules = [m for model in models if isinstance(model, torch.nn.Module) for m in model.modules()]
-        counters = [m.num_batches_tracked for m in modules if isinstance(getattr(m, "num_batches_tracked", None), torch.Tensor)
-                    and id(getattr(m, "running_mean", None)) in read and not m.num_batches_tracked.is_inference()]
-        return SnapshotWatch(self, live + counters)
+        return SnapshotWatch(self, live + statistics_counters(modules, live))
+
+
+def statistics_counters(modules: Iterable[Any], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The `num_batches_tracked` of those `modules` whose running mean is one of `tensors`: a
+    training-mode forward bumps it, but not the version counters of the statistics it updates."""
+    read = {id(t) for t in tensors}
+    return [m.num_batches_tracked for m in modules if isinstance(getattr(m, "num_batches_tracked", None), torch.Tensor)
+            and id(getattr(m, "running_mean", None)) in read and not m.num_batches_tracked.is_inference()]
+
+
+def live_norm_modules() -> list[torch.nn.Module]:
+    """Every batch- and instance-norm module alive in this process, for the backend, which sees its
+    graph's tensors but not the modules they belong to: one pass over the garbage collector's
+    objects (~75 ms with torchvision and transformers loaded), once per bound graph that folds."""
+    import gc
+
+    from torch.nn.modules.batchnorm import _NormBase
+
+    # type() and not isinstance: isinstance reads `__class__`, which a dead weakref.proxy raises on
+    # and some deprecated module attributes warn on
+    return [o for o in gc.get_objects() if issubclass(type(o), _NormBase)]
 
 
 def watchable(tensors: Any) -> bool:
