@@ -12,6 +12,7 @@ with the backend's CUDA graphs replaying from the third step on.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,8 @@ def _train(rank: int, world: int, store: str, device_type: str) -> None:
     """One process: the compiled and the eager DDP replica, STEPS SGD steps on this rank's inputs."""
     from streamfuse.capture.backend import EagerGraph, compiled_graphs
 
+    if device_type == "cpu" and any(name == "lo" for _, name in socket.if_nameindex()):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: a host name that does not resolve
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"file://{store}",
                             rank=rank, world_size=world)
     try:

@@ -34,9 +34,9 @@ def compile(
     example_inputs: Any,
     config: Config | None = None,
 ) -> CompiledGraph | EagerFallback | BackendFallback:
-    """Capture `model` (or a torch.export ExportedProgram's module) on `example_inputs`, fuse, generate kernels; returns a CompiledGraph that
-    takes tensors like `example_inputs` (positional, or by the model's parameter names) and returns
-    what model returns. `example_inputs`: a tensor, a tuple of tensors (the first positional
+    """Capture `model` (or a torch.export ExportedProgram's module) on `example_inputs`, fuse,
+    generate kernels; returns a CompiledGraph that takes tensors like `example_inputs` (positional,
+    or by the model's parameter names) and returns what model returns. `example_inputs`: a tensor, a tuple of tensors (the first positional
     parameters), or a dict of tensors by parameter name (`{"input_ids": ids, "attention_mask": mask}`:
     the compiled model then takes them in that order or by those names); an input that is not a
     tensor (a list of images, a DynamicCache, a flag such as `output_hidden_states=True`) sends the
