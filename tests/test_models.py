@@ -492,3 +492,13 @@ def test_an_exported_program_compiles_as_its_module(config: Any, device: torch.d
         for _ in range(2):
             x = torch.randn(2, 3, 10, 10, device=device)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_torchscript_model_is_refused_by_name(config: Any) -> None:
+    """TorchScript cannot be captured (torch.compile raises on a scripted module; a traced one went
+    through the backend, ran its TorchScript whole and warned about an `OrderedDictWrapper`)."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU()).eval()
+    x = torch.randn(3, 4)
+    for scripted in (torch.jit.script(model), torch.jit.trace(model, x)):
+        with pytest.raises(ValueError, match="model is a TorchScript .*pass the original nn.Module"):
+            streamfuse.compile(scripted, (x,), config)

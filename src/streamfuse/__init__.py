@@ -49,6 +49,9 @@ def compile(
         raise ValueError(f"config must be a streamfuse.Config, got {type(config).__name__}")
     if isinstance(model, torch.export.ExportedProgram):  # cannot be called itself; its module can
         model = model.module()
+    if isinstance(model, torch.jit.ScriptModule | torch.jit.ScriptFunction):
+        raise ValueError(f"model is a TorchScript {type(model).__name__} (torch.jit.script or torch.jit.trace), which "
+                         "neither streamfuse nor torch.compile can capture; pass the original nn.Module or function")
     if not callable(model):
         raise ValueError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     from streamfuse.capture.export import keyword_model, non_tensor_input, normalize_inputs
