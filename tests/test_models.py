@@ -502,3 +502,22 @@ def test_a_torchscript_model_is_refused_by_name(config: Any) -> None:
     for scripted in (torch.jit.script(model), torch.jit.trace(model, x)):
         with pytest.raises(ValueError, match="model is a TorchScript .*pass the original nn.Module"):
             streamfuse.compile(scripted, (x,), config)
+
+
+def test_shapes_among_the_outputs_stay_torch_sizes(config: Any) -> None:
+    """pytree flattens a torch.Size to its ints and rebuilds a plain tuple; the compiled model returns
+    the torch.Size the model returned (at every batch: the ints are the plan's outputs)."""
+    lin = nn.Linear(4, 4).eval()
+
+    def shaped(x: torch.Tensor) -> dict[str, Any]:
+        y = lin(x)
+        return {"y": y, "shape": y.shape, "nested": [(y.sum(), x.shape)]}
+
+    compiled = streamfuse.compile(shaped, (torch.randn(2, 4),), config)
+    with torch.no_grad():
+        for batch in (2, 5):
+            x = torch.randn(batch, 4)
+            got, want = compiled(x), shaped(x)
+            assert type(got["shape"]) is torch.Size and got["shape"] == want["shape"]
+            assert type(got["nested"][0][1]) is torch.Size and got["nested"][0][1] == (batch, 4)
+            torch.testing.assert_close(got["y"], want["y"])

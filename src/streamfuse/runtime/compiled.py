@@ -118,6 +118,8 @@ class CompiledGraph(ModelState, BatchBuckets):
         """With writebacks (Graph.writebacks), the outputs a caller sees: the others were copied into inputs."""
         self._leaf_output = call.out_spec is not None and call.out_spec.num_leaves == 1 and \
             call.out_spec.num_nodes == 1
+        self._sizes = call.out_spec is not None and holds_sizes(call.out_spec)
+        """A torch.Size among the outputs, rebuilt as a plain tuple by tree_unflatten (restore_sizes)."""
         self._init_model_state()
         self.weights_watch: Any = None
         """streamfuse.compile's folded weights (ir/fold.SnapshotWatch): computed again in place, before
@@ -271,7 +273,8 @@ class CompiledGraph(ModelState, BatchBuckets):
             flat = [v for i, v in enumerate(flat) if i not in self._mutated_index]
         if self._leaf_output:
             return flat[0]
-        return pytree.tree_unflatten(flat, self.call.out_spec)
+        value = pytree.tree_unflatten(flat, self.call.out_spec)
+        return restore_sizes(value, self.call.out_spec) if self._sizes else value
 
     def run_flat(self, inputs: list[Any], follow_seed: bool = True) -> list[Any]:
         """Run the compiled shape step by step on its streams (no CUDA graph); flat in, flat out.
@@ -492,3 +495,26 @@ def _settle_generators(device: torch.device) -> None:
 def _capturing() -> bool:
     """Inside someone else's CUDA-graph capture our graph cannot replay: its kernels are captured instead."""
     return torch._C._cuda_isCurrentStreamCapturing()
+
+
+def _child_specs(spec: pytree.TreeSpec) -> list[pytree.TreeSpec]:
+    # `children()` where torch has it; the older `children_specs` warns of deprecation on newer torch
+    return list(spec.children()) if hasattr(type(spec), "children") else list(spec.children_specs)
+
+
+def holds_sizes(spec: pytree.TreeSpec) -> bool:
+    """Whether an output structure holds a torch.Size, which pytree flattens to its ints and rebuilds
+    as a plain tuple (restore_sizes puts the type back)."""
+    return spec.type is torch.Size or any(holds_sizes(c) for c in _child_specs(spec))
+
+
+def restore_sizes(value: Any, spec: pytree.TreeSpec) -> Any:
+    """`pytree.tree_unflatten`'s result with every torch.Size of the structure a torch.Size again, as
+    the model returned it (a shape among the outputs: `.numel()` works on it)."""
+    if spec.type is torch.Size:
+        return torch.Size(value)
+    node = pytree.SUPPORTED_NODES.get(spec.type)
+    if node is None or not holds_sizes(spec):
+        return value
+    children, context = node.flatten_fn(value)
+    return node.unflatten_fn([restore_sizes(v, c) for v, c in zip(children, _child_specs(spec), strict=True)], context)
