@@ -118,19 +118,6 @@ def statistics_counters(modules: Iterable[Any], tensors: list[torch.Tensor]) -> 
             and id(getattr(m, "running_mean", None)) in read and not m.num_batches_tracked.is_inference()]
 
 
-def live_norm_modules() -> list[torch.nn.Module]:
-    """Every batch- and instance-norm module alive in this process, for the backend, which sees its
-    graph's tensors but not the modules they belong to: one pass over the garbage collector's
-    objects (~75 ms with torchvision and transformers loaded), once per bound graph that folds."""
-    import gc
-
-    from torch.nn.modules.batchnorm import _NormBase
-
-    # type() and not isinstance: isinstance reads `__class__`, which a dead weakref.proxy raises on
-    # and some deprecated module attributes warn on
-    return [o for o in gc.get_objects() if issubclass(type(o), _NormBase)]
-
-
 def watchable(tensors: Any) -> bool:
     """Snapshots of these tensors can follow them: none is an inference tensor (made under
     torch.inference_mode), which keeps no version counter, so an in-place change (a load_state_dict

@@ -22,19 +22,7 @@ from streamfuse.ir.batch import batch_rows, padded_outputs
 from streamfuse.ir.graph import Node
 from streamfuse.runtime.executable import Executable
 from streamfuse.runtime.fallback import failure_text
-from streamfuse.runtime.inputs import BadInput, InputMismatch, raise_bad_count, raise_bad_input
-
-
-def pad_rows(buf: torch.Tensor, x: torch.Tensor) -> None:
-    """`buf` holds `x` in its first rows, and the rows beyond repeat x's last row: an op valid on the
-    real rows is valid on them (zeros made ATen's CPU integer division raise on an integer divisor,
-    and `emb(ids - 1)` gather at index -1). A 0-d or full-size `x` is copied as is."""
-    n = x.shape[0] if x.dim() else 0
-    if buf.dim() == 0 or n == buf.shape[0]:
-        buf.copy_(x)
-        return
-    buf[:n].copy_(x)
-    buf[n:].copy_(buf[n - 1:n].expand_as(buf[n:]))
+from streamfuse.runtime.inputs import BadInput, InputMismatch, pad_rows, raise_bad_count, raise_bad_input
 
 
 class BatchBuckets:

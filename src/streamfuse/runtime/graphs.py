@@ -54,8 +54,8 @@ import torch
 
 from streamfuse.profile.timing import blas_workspaces_in_pool
 from streamfuse.runtime import cudart
-from streamfuse.runtime.buckets import pad_rows
 from streamfuse.runtime.executable import Executable
+from streamfuse.runtime.inputs import pad_rows
 from streamfuse.runtime.memory import storage_bytes
 
 _use_count = torch._C._storage_Use_Count

@@ -96,3 +96,15 @@ def _raise_mismatch(where: str, t: torch.Tensor, node: Node, device: torch.devic
     if t.dtype != node.dtype:
         raise InputMismatch(f"{where}: expected dtype {node.dtype}, got {t.dtype}")
     raise InputMismatch(f"{where}: expected device {device}, got {t.device}")
+
+
+def pad_rows(buf: torch.Tensor, x: torch.Tensor) -> None:
+    """`buf` holds `x` in its first rows, and the rows beyond repeat x's last row: an op valid on the
+    real rows is valid on them (zeros made ATen's CPU integer division raise on an integer divisor,
+    and `emb(ids - 1)` gather at index -1). A 0-d or full-size `x` is copied as is."""
+    n = x.shape[0] if x.dim() else 0
+    if buf.dim() == 0 or n == buf.shape[0]:
+        buf.copy_(x)
+        return
+    buf[:n].copy_(x)
+    buf[n:].copy_(buf[n - 1:n].expand_as(buf[n:]))
