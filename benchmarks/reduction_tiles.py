@@ -9,8 +9,9 @@ bias and shifted-window mask added): 113-123 µs at a quarter of copy bandwidth,
 elements per thread for every row length. This prints what each budget gives on each shape, so a
 rule by row length can be read off measurements instead of one model's profile.
 
-`--grid 8:16,4:8,...` sweeps (reduction_elems_per_thread, reduction_max_warps) pairs instead, which
-reach tiles of other rows-per-program and warps; `--only swin,vit` keeps the workloads whose names
+`--grid 16:16:1024,8:16:2048,...` sweeps (reduction_elems_per_thread, reduction_max_warps[,
+reduction_tile_elems]) instead, which reach tiles of other rows-per-program and warps (8:16:2048 is
+the rule before run 162); `--only swin,vit` keeps the workloads whose names
 hold one of the words; `--inductor` adds torch.compile's (default mode) kernels, timed the same way.
 
 Each workload is compiled by streamfuse.compile (cuda_graphs off; the whole call is then captured
@@ -62,13 +63,15 @@ WORKLOADS: dict[str, tuple[Callable[..., torch.Tensor], tuple]] = {
     "vit_b_16 b32 layer norm (6.3k rows x 768)": _layer_norm(32 * 197, 768),
     "bert 8x128 layer norm (1k rows x 768)": _layer_norm(8 * 128, 768),
     "gpt2 b1x128 layer norm (128 rows x 768)": _layer_norm(128, 768),
+    "gpt2 8x1024 masked softmax (98k rows x 1024)": _masked_softmax(8, 12, 1024),
+    "llama-7b 8x128 layer norm (1k rows x 4096)": _layer_norm(8 * 128, 4096),
 }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--elems", default="2,4,8,16,32", help="reduction_elems_per_thread values, comma-separated")
-    ap.add_argument("--grid", default="", help="elems:max_warps pairs, comma-separated (overrides --elems)")
+    ap.add_argument("--grid", default="", help="elems:max_warps[:tile_elems], comma-separated (overrides --elems)")
     ap.add_argument("--only", default="", help="words, comma-separated: keep workloads whose names hold one")
     ap.add_argument("--inductor", action="store_true", help="add torch.compile's kernels as a last column")
     ap.add_argument("--reps", type=int, default=20)
@@ -80,25 +83,25 @@ def main() -> int:
     from streamfuse.profile.timing import time_graph_us
 
     if args.grid:
-        pairs = [(int(e), int(w)) for e, w in (p.split(":") for p in args.grid.split(","))]
+        pairs = [tuple(int(v) for v in p.split(":")) for p in args.grid.split(",")]
     else:
-        pairs = [(int(e), 0) for e in args.elems.split(",")]
+        pairs = [(int(e),) for e in args.elems.split(",")]
     words = [w for w in args.only.split(",") if w]
     workloads = {k: v for k, v in WORKLOADS.items() if not words or any(w in k for w in words)}
     device = torch.device("cuda")
     gen = torch.Generator(device).manual_seed(0)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; µs per call (GB/s), "
           f"by reduction_elems_per_thread[:reduction_max_warps]; [BLOCK_M x BLOCK_R, warps] of the kernel")
-    heads = [f"{e}:{w}" if w else str(e) for e, w in pairs] + (["inductor"] if args.inductor else [])
+    heads = [":".join(map(str, p)) for p in pairs] + (["inductor"] if args.inductor else [])
     print(f"{'workload':54s}" + "".join(f"{h:>26s}" for h in heads))
     for name, (fn, shapes) in workloads.items():
         inputs = tuple(torch.randn(s, device=device, generator=gen) for s in shapes)
         want = fn(*inputs)
         nbytes = sum(t.numel() * t.element_size() for t in (*inputs, want))
         cells = []
-        for e, w in pairs:
-            config = streamfuse.Config(reduction_elems_per_thread=e, cuda_graphs=False,
-                                       **({"reduction_max_warps": w} if w else {}))
+        for pair in pairs:
+            config = streamfuse.Config(cuda_graphs=False, **dict(zip(
+                ("reduction_elems_per_thread", "reduction_max_warps", "reduction_tile_elems"), pair, strict=False)))
             compiled = streamfuse.compile(fn, inputs, config)
             got = compiled(*inputs)
             err = float((got - want).abs().max() / want.abs().max())

@@ -12,7 +12,7 @@
 #                       [s32-tests] [models-shuf] [models-text1] [kprof-gpt2d] [s32b-tests] [gputests5] [models-tp6] [kprof-gpt2-nopdl]
 #                       [s34-replay] [s34-train-r50] [s34-r50-1s] [s34-train] [s34-train-1s] [s34-train-2s]
 #                       [s34-train-all] [s34-goog] [s35-pools] [s35-pools-off] [s35-train] [s36-va] [s36-vb] [s36-vc] [s36-vd] [s36-train-check] [s36-train-rest] [s36-train-amp] [s37-shuf] [s37-compile]
-#                       [s38-timm-a] [s38-timm-b] [s38-suite] [s38-vision] [s39-gate] [s39-detect] [s39-text] [s40-mbv3] [s40-red] [s41-fixes] [s42-text] [s42-fixes] [s43-llama] [s43-red] [s43-timm] [s43-bert] [s43-epi] [s43-ddp]
+#                       [s38-timm-a] [s38-timm-b] [s38-suite] [s38-vision] [s39-gate] [s39-detect] [s39-text] [s40-mbv3] [s40-red] [s41-fixes] [s42-text] [s42-fixes] [s43-llama] [s43-red] [s43-timm] [s43-bert] [s43-epi] [s43-ddp] [s44-red] [s44-exp] [s44-red2] [s44-tp]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -42,7 +42,7 @@ if [ "${1:-}" = record ]; then
            training-text.txt training-text.json replay.txt optimizer.txt optimizer.json training-mix.txt training-mix.json \
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
-           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt s43-llama.txt s43-red.txt s43-timm.txt s43-timm.json s43-bert.txt s43-epi.txt s43-ddp.txt; do
+           models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt s43-llama.txt s43-red.txt s43-timm.txt s43-timm.json s43-bert.txt s43-epi.txt s43-ddp.txt s44-red.txt s44-exp.txt s44-red2.txt s44-tp.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -307,6 +307,18 @@ step s43-bert 150 streamfuse bench --suite models --models bert-base \
   --batch 1 --dtype float32 --modes $MODES_SF --reps 10 --out "$OUT/s43-bert"
 # session 43: the Linear + GELU rows with each mode's kernels (docs/bench/epilogue.txt, 2026-12-03: auto 0.96x of eager at b4096)
 step s43-epi 150 python3 benchmarks/epilogue.py --only-linear --kernels --out "$OUT/s43-epi"
+# session 44: the persistent reduction's tile of 1024 elements at 16 per thread (new default) against the
+# rule before (8:16:2048) and 8 per thread, on every workload incl. rows of 1024 and 4096, beside Inductor
+step s44-red 150 python3 benchmarks/reduction_tiles.py --inductor --reps 10 --grid 16:16:1024,8:16:2048,8:16:1024
+# session 44: window softmax variants beside Inductor's kernel (its source goes to $OUT), bf16 GELU's
+# block sizes beside ATen's, GEMM + GELU chunks overlapped on two streams (benchmarks/probes_s44.py)
+step s44-exp 200 bash -c 'OUT="$OUT" python3 benchmarks/probes_s44.py'
+# session 44: the short-row rule (tiles of 1024 at 16 per thread, one warp per 64 columns; run 163's
+# hand kernels) against the rule before (reduction_tile_elems 1: every row takes the long-row rule)
+step s44-red2 80 python3 benchmarks/reduction_tiles.py --inductor --reps 10 --grid 8:16:1024,8:16:1
+# session 44: the throughput rows the short-row rule touches (softmaxes over 49 and 197), both entry points
+step s44-tp 320 streamfuse bench --suite models --models vit_b,swin --batch throughput \
+  --dtype float32 --modes $MODES_RO --reps 20 --out "$OUT/s44-tp"
 # session 43: DDP over the backend (NCCL, one process), training with CUDA graphs replaying
 step s43-ddp 90 python3 -m pytest -q -W ignore -p no:logging tests/test_distributed.py
 # session 43: llama at batch 1 through both entry points (the one s38-suite row no run has covered)
@@ -422,12 +434,12 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/compile-bf16.txt" ] && grep -E "s =|first compile|Error" "$OUT/compile-bf16.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 for f in s30-tests dense32-compile s30-replay; do [ -f "$OUT/$f.txt" ] && tail -12 "$OUT/$f.txt"; done
-for f in s43-bert s43-llama s42-text s39-text s38-suite s38-vision s36-va s36-vb s36-vc s36-vd models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-dense models-dense2 models-cl models-b1red models-text1 models-shuf models-tp6; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
+for f in s44-tp s43-bert s43-llama s42-text s39-text s38-suite s38-vision s36-va s36-vb s36-vc s36-vd models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-dense models-dense2 models-cl models-b1red models-text1 models-shuf models-tp6; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
 [ -f "$OUT/kprof-s30.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-s30.txt" | tail -60
 [ -f "$OUT/s31-tests.txt" ] && tail -8 "$OUT/s31-tests.txt"
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
-for f in s39-gate s39-detect s40-red s41-fixes s42-fixes s43-ddp s43-red s43-epi; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
+for f in s39-gate s39-detect s40-red s41-fixes s42-fixes s43-ddp s43-red s43-epi s44-red s44-exp s44-red2; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
 for f in s36-train-check s36-train-rest s36-train-amp s37-shuf s38-timm-a s38-timm-b s40-mbv3 s43-timm; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"

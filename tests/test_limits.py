@@ -84,7 +84,7 @@ def test_a_reduction_grid_smaller_than_the_gpu_gives_each_row_more_warps(config)
                                                       reduction_elems_per_thread=16), 132)
         assert fewer == warps // 4
     block_m, block_r, warps = reduction_launch(ReductionDomain(shape=(301056, 49), dims=(1,)), config, 132)
-    assert block_m * block_r // (32 * warps) == config.reduction_elems_per_thread
+    assert block_m * block_r // (32 * warps) == config.reduction_short_row_elems_per_thread
 
 
 def test_estimates_grow_with_live_tiles(config) -> None:  # type: ignore[no-untyped-def]
@@ -139,3 +139,21 @@ def test_float32_one_row_products_may_use_the_template(config) -> None:  # type:
         choice = predict(node, builtin_for("NVIDIA H200"), config)
         assert choice.strategy == strategy, choice.reason
         assert ("float32" in choice.reason) == (m != 1)
+
+
+def test_short_rows_share_a_tile_of_reduction_tile_elems(config) -> None:  # type: ignore[no-untyped-def]
+    """Rows shorter than Config.reduction_tile_elems share one program's tile at
+    reduction_short_row_elems_per_thread, one warp per 64 columns (run 163: swin_t's window softmax
+    over 49, ViT-B's over 197); longer rows keep the rule of reduction_elems_per_thread, which gives
+    a layer norm over 4096 16 warps (run 163: 12.5 µs against 13.3 at 8)."""
+    for shape, want in (((301056, 49), (8, 64, 1)), ((75648, 197), (4, 256, 2)), ((12288, 128), (8, 128, 2)),
+                        ((6304, 768), (2, 1024, 8)), ((1024, 4096), (1, 4096, 16)), ((4096, 16384), (1, 16384, 16))):
+        assert reduction_launch(ReductionDomain(shape=shape, dims=(1,)), config, 132) == want, shape
+    # the planner's split divides each thread's elements: fewer rows per program on one warp
+    assert reduction_launch(ReductionDomain(shape=(301056, 49), dims=(1,)), config, 132, 2) == (4, 64, 1)
+    # too few rows to fill the GPU: fewer per program, never an idle warp
+    assert reduction_launch(ReductionDomain(shape=(100, 49), dims=(1,)), config, 132) == (1, 64, 1)
+    every_row_long = config.replace(reduction_tile_elems=1)  # the rule before run 163
+    assert reduction_launch(ReductionDomain(shape=(75648, 197), dims=(1,)), every_row_long, 132) == (8, 256, 8)
+    with pytest.raises(ValueError, match="reduction_tile_elems"):
+        config.replace(reduction_tile_elems=0)

@@ -151,11 +151,19 @@ class Config:
     occupancy, which costs a memory-bound kernel its loads in flight (run 98: a cat + batch-norm +
     ReLU over 12.8M elements, 1679 GB/s at 2 elements per thread, 3883 GB/s at 8). 0: always."""
     reduction_elems_per_thread: int = 8
-    """Register budget for a persistent reduction's row tile, in elements per thread. Run 153
-    (benchmarks/reduction_tiles.py, H200, fp32): 8 was the fastest or level on all eight real-model
-    softmaxes and layer norms timed at 2, 4, 8, 16 and 32; against 16 (the earlier default) it took
-    7% off swin_t's window softmax (rows of 49), 12% off ViT-B's softmax (rows of 197) and 2-8% off
-    the layer norms over 96 and 768; 4 was level on short rows and slower on rows of 768."""
+    """Register budget for a persistent reduction's row tile over rows of reduction_tile_elems or
+    more, in elements per thread. Run 153 (benchmarks/reduction_tiles.py, H200, fp32): 8 was the
+    fastest or level on all eight real-model softmaxes and layer norms timed at 2, 4, 8, 16 and 32;
+    run 163 (H100): a layer norm over 4096 took 12.5 µs at 8 (16 warps), 13.3 at 16 (8 warps)."""
+    reduction_tile_elems: int = 1024
+    """Rows shorter than this (after padding to a power of two) share one program's tile of this
+    many elements, at reduction_short_row_elems_per_thread, with one warp per 64 columns of the row
+    (fusion/geometry.py, `reduction_launch`). Run 163 (H100, fp32): against the rule before (tiles of
+    2048 at 8 per thread), ViT-B's softmax over rows of 197 took 43.8 µs instead of 65.0 and swin_t's
+    window softmaxes over 49 took 93.2 and 43.8 instead of 98.4 and 50.7."""
+    reduction_short_row_elems_per_thread: int = 16
+    """Register budget of the tile of rows shorter than reduction_tile_elems (run 163: 16 against 8
+    at tiles of 1024 took 12% off swin_t's stage-2 window softmax, level elsewhere)."""
     reduction_small_grid_elems_per_thread: int = 4
     """A persistent reduction whose grid has fewer programs than the GPU has SMs (a layer norm at
     batch 1) is latency-bound, and occupancy is no concern: its row tile gets at most this many
@@ -377,6 +385,8 @@ class Config:
             "pointwise_block": self.pointwise_block,
             "pointwise_num_warps": self.pointwise_num_warps,
             "reduction_elems_per_thread": self.reduction_elems_per_thread,
+            "reduction_tile_elems": self.reduction_tile_elems,
+            "reduction_short_row_elems_per_thread": self.reduction_short_row_elems_per_thread,
             "reduction_small_grid_elems_per_thread": self.reduction_small_grid_elems_per_thread,
             "reduction_max_warps": self.reduction_max_warps,
             "max_streams": self.max_streams,

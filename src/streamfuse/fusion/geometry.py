@@ -51,14 +51,32 @@ def pointwise_launch(n: int, config: Config, split: int = 1) -> tuple[int, int]:
     return max(min(full, warps * WARP_SIZE), full // split), warps
 
 
+SHORT_ROW_WARP_COLUMNS = 64
+"""Columns of a short row per warp of its program. Triton's default layout spreads a tile's warps
+along the row before the rows, so each further warp splits every row and adds an exchange through
+shared memory and a barrier to each of its reductions. Run 163 (H100, hand-written window softmax
+over rows of 49, 8 rows per program): one warp 45.1 µs, two 66.4; at every rows-per-program one warp
+was fastest."""
+
+
 def reduction_launch(dom: ReductionDomain, config: Config, sm_count: int, split: int = 1) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_R, num_warps) of a persistent reduction: whole rows in registers, as many
     rows per program as the register budget allows while the grid still gives every SM
-    `grid_min_waves` programs. `split` divides each thread's elements (more warps per row tile); a
-    grid smaller than the SM count takes at most `reduction_small_grid_elems_per_thread`."""
+    `grid_min_waves` programs. Rows shorter than `reduction_tile_elems` share a tile of that size at
+    `reduction_short_row_elems_per_thread`, one warp per SHORT_ROW_WARP_COLUMNS of the row; longer
+    rows take warps at `reduction_elems_per_thread`. `split` divides each thread's elements (more
+    warps per row tile, or fewer rows); a grid smaller than the SM count takes at most
+    `reduction_small_grid_elems_per_thread`."""
     m, r = dom.rows, dom.row_size
-    elems = max(1, config.reduction_elems_per_thread // split)
     block_r = next_pow2(r)
+    if block_r < config.reduction_tile_elems:
+        elems = max(1, config.reduction_short_row_elems_per_thread // split)
+        warps = max(1, min(block_r // SHORT_ROW_WARP_COLUMNS, config.reduction_tile_elems // (WARP_SIZE * elems)))
+        block_m = max(1, min(next_pow2(m), warps * WARP_SIZE * elems // block_r))
+        while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
+            block_m //= 2
+        return block_m, block_r, warps
+    elems = max(1, config.reduction_elems_per_thread // split)
     tile = WARP_SIZE * config.reduction_elems_per_thread * config.reduction_max_warps // 2
     block_m = max(1, min(next_pow2(m), tile // block_r))
     while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
