@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamfuse.ir.graph import Node
 from streamfuse.ir.ops import packet_name
@@ -19,6 +19,9 @@ from streamfuse.ir.ops import packet_name
 class Expr:
     text: str
     deps: frozenset[str] = frozenset()
+    digit: tuple[Expr, int, int | None] | None = field(default=None, compare=False)
+    """(base, div, mod) where this is `(base // div) % mod` (mod None: no modulo), as floordiv and
+    mod build it: what `linearize` needs to fold `(x // 16) * 16 + x % 16` back into `x`."""
 
     @staticmethod
     def var(name: str) -> Expr:
@@ -53,12 +56,16 @@ class Expr:
     def floordiv(self, divisor: int) -> Expr:
         if divisor == 1 or self.is_zero:
             return self
-        return Expr(f"{_paren(self)} // {divisor}", self.deps)
+        base, div, mod = self.digit or (self, 1, None)
+        digit = (base, div * divisor, None) if mod is None else (self, divisor, None)
+        return Expr(f"{_paren(self)} // {divisor}", self.deps, digit)
 
     def mod(self, modulus: int) -> Expr:
         if modulus == 1:
             return ZERO
-        return Expr(f"{_paren(self)} % {modulus}", self.deps)
+        base, div, mod = self.digit or (self, 1, None)
+        digit = (base, div, modulus) if mod is None or mod % modulus == 0 else (self, 1, modulus)
+        return Expr(f"{_paren(self)} % {modulus}", self.deps, digit)
 
 
 ZERO = Expr("0")
@@ -112,11 +119,36 @@ def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 def linearize(index: Index, shape: Sequence[int]) -> Expr:
     """Row-major linear offset of `index` in a tensor of `shape`."""
+    return strided_sum([(e, st) for e, st, size in zip(index, contiguous_strides(shape), shape, strict=True)
+                        if size != 1])
+
+
+def strided_sum(terms: Sequence[tuple[Expr, int]]) -> Expr:
+    """sum(e * stride), outermost term first, with neighbouring digits of one base folded: the
+    index a view's reshape splits (`x // 16`, `x % 16` at strides 16 and 1) sums back to `x`
+    instead of `(x // 16) * 16 + x % 16` (run 163: such terms took the generated window softmax
+    from 748 to 764 PTX instructions)."""
+    folded: list[tuple[Expr, int]] = []
+    for e, st in terms:
+        folded.append((e, st))
+        while len(folded) > 1:
+            (outer, so), (inner, si) = folded[-2], folded[-1]
+            if outer.digit is None or inner.digit is None:
+                break
+            (bo, do, mo), (bi, di, mi) = outer.digit, inner.digit
+            if bo != bi or mi is None or do != di * mi or so != si * mi:
+                break
+            folded[-2:] = [(_digit(bi, di, None if mo is None else mo * mi), si)]
     out = ZERO
-    for e, st, size in zip(index, contiguous_strides(shape), shape, strict=True):
-        if size != 1:
-            out = out + e * st
+    for e, st in folded:
+        out = out + e * st
     return out
+
+
+def _digit(base: Expr, div: int, mod: int | None) -> Expr:
+    """`(base // div) % mod` (mod None: no modulo)."""
+    e = base.floordiv(div)
+    return e if mod is None else e.mod(mod)
 
 
 def delinearize(linear: Expr, shape: Sequence[int]) -> Index:
