@@ -158,12 +158,15 @@ class Config:
     reduction_tile_elems: int = 1024
     """Rows shorter than this (after padding to a power of two) share one program's tile of this
     many elements, at reduction_short_row_elems_per_thread, with one warp per 64 columns of the row
-    (fusion/geometry.py, `reduction_launch`). Run 163 (H100, fp32): against the rule before (tiles of
-    2048 at 8 per thread), ViT-B's softmax over rows of 197 took 43.8 µs instead of 65.0 and swin_t's
-    window softmaxes over 49 took 93.2 and 43.8 instead of 98.4 and 50.7."""
+    (fusion/geometry.py, `reduction_launch`). Run 164 (benchmarks/reduction_tiles.py, H100, fp32),
+    against the rule before (1: tiles of 2048 at 8 per thread for every row): swin_t's window
+    softmaxes over rows of 49 at batch 32 took 53.9 and 26.5 µs instead of 94.2 and 49.2 (Inductor's:
+    64.8 and 34.7), ViT-B's softmax over 197 took 43.6 instead of 63.5; BERT's over 128 took 4.1
+    instead of 3.9, the layer norms were level."""
     reduction_short_row_elems_per_thread: int = 16
     """Register budget of the tile of rows shorter than reduction_tile_elems (run 163: 16 against 8
-    at tiles of 1024 took 12% off swin_t's stage-2 window softmax, level elsewhere)."""
+    at tiles of 1024 took 12% off swin_t's stage-2 window softmax, level elsewhere; on one warp, 8
+    rows of 64 at 16 per thread were the fastest of the hand-written tiles)."""
     reduction_small_grid_elems_per_thread: int = 4
     """A persistent reduction whose grid has fewer programs than the GPU has SMs (a layer norm at
     batch 1) is latency-bound, and occupancy is no concern: its row tile gets at most this many
