@@ -47,6 +47,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from streamfuse.bench.models import nonzero_parameters  # noqa: E402 - after the path
 from streamfuse.bench.runner import exact_fp32  # noqa: E402 - after the path
 from streamfuse.runtime.fallback import failure_text  # noqa: E402
 
@@ -104,7 +105,9 @@ def _text(name: str, tiny: bool) -> Workload:
 
 def deterministic(model: nn.Module) -> nn.Module:
     """Dropout and stochastic depth off (p = 0; attention dropout rates kept as float attributes, such
-    as SDPA's dropout_p, too): a mask drawn by another generator would make gradients differ."""
+    as SDPA's dropout_p, too): a mask drawn by another generator would make gradients differ. And no
+    parameter left all zeros (nonzero_parameters: a zero head makes every other gradient 0)."""
+    nonzero_parameters(model)
     for m in model.modules():
         if "Dropout" in type(m).__name__ or type(m).__name__ == "StochasticDepth":
             m.p = 0.0  # type: ignore[assignment]

@@ -12,7 +12,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from streamfuse.bench.models import MODELS, model_workloads
+from streamfuse.bench.models import MODELS, model_workloads, nonzero_parameters
 from streamfuse.bench.report import failures, models_table, streamfuse_table
 from streamfuse.bench.runner import ModeResult, WorkloadResult, exact_fp32, geomean_vs, rel_error, run_suite, write_json
 from streamfuse.bench.workloads import Workload, suite
@@ -127,6 +127,26 @@ def test_rel_error_and_tf32_switch() -> None:
     with exact_fp32():
         assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_a_check_against_all_zero_outputs_fails_and_the_suite_leaves_no_zero_parameter() -> None:
+    """torchvision's ViT starts its head at zero, so its outputs were 0 whatever streamfuse computed
+    and the suite's check printed 0.0e+00 for every vit_b_16 row until session 44."""
+    with pytest.raises(AssertionError, match="all zeros"):
+        rel_error(torch.ones(3), torch.zeros(3))
+    with pytest.raises(AssertionError, match="all zeros"):
+        rel_error((torch.ones(2), torch.ones(2)), (torch.zeros(2), torch.zeros(2)), floor=0.0)
+    assert rel_error((torch.ones(2), torch.zeros(2)), (torch.ones(2), torch.zeros(2))) == 0.0  # one zero output is fine
+    head = nn.Linear(4, 2)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    model = nn.Sequential(nn.Linear(3, 4), nn.GELU(), head)
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    assert not model(x).any()
+    kept = model[0].weight.detach().clone()
+    assert nonzero_parameters(model) is model
+    assert model(x).any() and bool(head.weight.all()) and bool(head.bias.all())
+    assert torch.equal(model[0].weight, kept)  # parameters with values keep them
 
 
 def test_tables_print_both_ratios_against_reduce_overhead() -> None:

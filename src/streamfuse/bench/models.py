@@ -200,12 +200,26 @@ def make_inputs(spec: ModelSpec, model: nn.Module, batch: int, tiny: bool, devic
     return (torch.randint(0, vocab, (batch, size), generator=gen).to(device),)
 
 
+def nonzero_parameters(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn.Module:
+    """Parameters initialised to all zeros get small random values (normal, `std`), in place.
+
+    torchvision's ViT starts its classifier head at zero (and timm's ResMLP likewise), so every
+    output is exactly 0 whatever the layers before it compute: a comparison with eager would pass
+    on any result, and every gradient but the head's would be 0. Values do not change the time."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.numel() and not bool(p.any()):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std).to(p.dtype))
+    return model
+
+
 def _maker(spec: ModelSpec, batch: int, dtype: torch.dtype, tiny: bool,
            ) -> Callable[[torch.device], tuple[Any, tuple[torch.Tensor, ...]]]:
     def make(device: torch.device) -> tuple[Any, tuple[torch.Tensor, ...]]:
         torch.manual_seed(0)
         with torch.device(device):  # initialised where it runs: a 0.85B Llama in seconds, not a minute
-            model = spec.build(tiny)
+            model = nonzero_parameters(spec.build(tiny))
         model = model.eval().to(device, dtype)
         return model, make_inputs(spec, model, batch, tiny, device, dtype, seed=1)
 

@@ -142,6 +142,9 @@ def rel_error(out: Any, ref: Any, floor: float = 1.0) -> float:
     outs, refs = flat_tensors(out), flat_tensors(ref)
     if len(outs) != len(refs):
         raise AssertionError(f"{len(outs)} outputs, eager has {len(refs)}")
+    if refs and not any(bool(r.any()) for r in refs):
+        raise AssertionError("eager's outputs are all zeros, so no result could fail this check "
+                             "(a zero-initialised last layer? streamfuse.bench.models.nonzero_parameters)")
     worst = 0.0
     for o, r in zip(outs, refs, strict=True):
         if o.shape != r.shape:
