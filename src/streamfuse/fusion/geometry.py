@@ -65,8 +65,9 @@ def reduction_launch(dom: ReductionDomain, config: Config, sm_count: int, split:
     `grid_min_waves` programs. Rows shorter than `reduction_tile_elems` share a tile of that size at
     `reduction_short_row_elems_per_thread`, one warp per SHORT_ROW_WARP_COLUMNS of the row; longer
     rows take warps at `reduction_elems_per_thread`. `split` divides each thread's elements (more
-    warps per row tile, or fewer rows); a grid smaller than the SM count takes at most
-    `reduction_small_grid_elems_per_thread`."""
+    warps per row tile, or fewer rows). Long rows on a grid smaller than the SM count take at most
+    `reduction_small_grid_elems_per_thread`; short rows there keep their warps, with fewer rows per
+    program (down to one)."""
     m, r = dom.rows, dom.row_size
     block_r = next_pow2(r)
     if block_r < config.reduction_tile_elems:
