@@ -36,9 +36,9 @@ def compile(
 ) -> CompiledGraph | EagerFallback | BackendFallback:
     """Capture `model` (or a torch.export ExportedProgram's module) on `example_inputs`, fuse,
     generate kernels; returns a CompiledGraph that takes tensors like `example_inputs` (positional,
-    or by the model's parameter names) and returns what model returns. `example_inputs`: a tensor, a tuple of tensors (the first positional
-    parameters), or a dict of tensors by parameter name (`{"input_ids": ids, "attention_mask": mask}`:
-    the compiled model then takes them in that order or by those names); an input that is not a
+    or by the model's parameter names) and returns what model returns. `example_inputs`: a tensor,
+    a tuple of tensors (the first positional parameters), or a dict of tensors by parameter name
+    (`{"input_ids": ids, "attention_mask": mask}`: the compiled model then takes them in that order or by those names); an input that is not a
     tensor (a list of images, a DynamicCache, a flag such as `output_hidden_states=True`) sends the
     model through the backend (below). A call with other shapes
     or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be captured

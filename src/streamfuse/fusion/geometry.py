@@ -70,18 +70,19 @@ def reduction_launch(dom: ReductionDomain, config: Config, sm_count: int, split:
     program (down to one)."""
     m, r = dom.rows, dom.row_size
     block_r = next_pow2(r)
-    if block_r < config.reduction_tile_elems:
+    short = block_r < config.reduction_tile_elems
+    if short:
         elems = max(1, config.reduction_short_row_elems_per_thread // split)
         warps = max(1, min(block_r // SHORT_ROW_WARP_COLUMNS, config.reduction_tile_elems // (WARP_SIZE * elems)))
-        block_m = max(1, min(next_pow2(m), warps * WARP_SIZE * elems // block_r))
-        while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
-            block_m //= 2
-        return block_m, block_r, warps
-    elems = max(1, config.reduction_elems_per_thread // split)
-    tile = WARP_SIZE * config.reduction_elems_per_thread * config.reduction_max_warps // 2
+        tile = warps * WARP_SIZE * elems
+    else:
+        elems = max(1, config.reduction_elems_per_thread // split)
+        tile = WARP_SIZE * config.reduction_elems_per_thread * config.reduction_max_warps // 2
     block_m = max(1, min(next_pow2(m), tile // block_r))
     while block_m > 1 and math.ceil(m / block_m) < config.grid_min_waves * sm_count:
         block_m //= 2
+    if short:
+        return block_m, block_r, warps
     if math.ceil(m / block_m) < sm_count:  # latency-bound: more warps to each row
         elems = min(elems, config.reduction_small_grid_elems_per_thread)
     num_warps = min(config.reduction_max_warps, next_pow2(max(1, block_m * block_r // (WARP_SIZE * elems))))
