@@ -30,7 +30,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--top", type=int, default=0, help="also list the N kernels taking the most time per call")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a Config field")
-    ap.add_argument("--peer", action="store_true", help="also profile torch.compile(mode='reduce-overhead')")
+    ap.add_argument("--peer", nargs="?", const="reduce-overhead", default=None, choices=["reduce-overhead", "backend"],
+                    help="also profile torch.compile(mode='reduce-overhead'), or with `--peer backend` "
+                         "torch.compile(backend='streamfuse') (both entry points on one plan: where they differ)")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 for float32 matmuls and convolutions, as "
                                                         "`streamfuse bench` times them")
     args = ap.parse_args()
@@ -82,17 +84,24 @@ def main() -> int:
                       f"({100 * (k.bandwidth_fraction or 0):.1f}% of copy), {k.bytes / 1e6:.2f} MB, "
                       f"occupancy {k.occupancy}, limiter {k.limiter}")
         if args.peer:
-            peer = torch.compile(model, mode="reduce-overhead")
+            peer = (torch.compile(model, mode="reduce-overhead") if args.peer == "reduce-overhead"
+                    else torch.compile(model, backend=streamfuse.make_backend(streamfuse.Config().with_settings(args.set))))
             with torch.no_grad():
                 for _ in range(5):
                     peer(*inputs)
                 torch.cuda.synchronize()
-                with streamfuse.profile(w.name + " reduce-overhead", calls=args.calls, nvml=False) as peer_prof:
+                if args.peer == "backend":  # timed in turns, as the suite times each (CUDA events, back to back)
+                    from streamfuse.profile.timing import time_cuda_us
+                    rounds = [(time_cuda_us(lambda: compiled(*inputs)), time_cuda_us(lambda: peer(*inputs)))
+                              for _ in range(3)]
+                    print("  µs per call, streamfuse.compile / backend, three rounds: "
+                          + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in rounds))
+                with streamfuse.profile(f"{w.name} {args.peer}", calls=args.calls, nvml=False) as peer_prof:
                     for _ in range(args.calls):
                         peer(*inputs)
             assert peer_prof.report is not None
-            print(f"  reduce-overhead: {_busy_line(peer_prof.report.totals, args.calls)}")
-            _compare(prof.report.kernels, peer_prof.report.kernels, args.calls, max(args.top, 12))
+            print(f"  {args.peer}: {_busy_line(peer_prof.report.totals, args.calls)}")
+            _compare(prof.report.kernels, peer_prof.report.kernels, args.calls, max(args.top, 12), args.peer)
             del peer
         del model, compiled
         torch.cuda.empty_cache()
@@ -123,7 +132,7 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def _compare(mine: list, peer: list, calls: int, top: int) -> None:
+def _compare(mine: list, peer: list, calls: int, top: int, name: str = "reduce-overhead") -> None:
     """Both plans' kernel time per call by class, then the peer's longest kernels (--top lists ours)."""
     def by_class(kernels: list) -> dict[str, tuple[float, float]]:
         out: dict[str, tuple[float, float]] = {}
@@ -132,15 +141,22 @@ def _compare(mine: list, peer: list, calls: int, top: int) -> None:
             out[kernel_class(k.name)] = (us + k.total_us / calls, n + k.calls / calls)
         return out
     a, b = by_class(mine), by_class(peer)
-    print("  kernel time per call by class (µs, launches): streamfuse | reduce-overhead")
+    print(f"  kernel time per call by class (µs, launches): streamfuse | {name}")
     for cls in sorted(set(a) | set(b)):
         (ua, na), (ub, nb) = a.get(cls, (0.0, 0.0)), b.get(cls, (0.0, 0.0))
         print(f"    {cls:12s} {ua:9.1f} x{na:<6g} | {ub:9.1f} x{nb:<6g}  ({ua - ub:+.1f})")
     ta, tb = sum(u for u, _ in a.values()), sum(u for u, _ in b.values())
     print(f"    {'total':12s} {ta:9.1f}         | {tb:9.1f}          ({ta - tb:+.1f})")
-    print(f"  reduce-overhead: the {top} longest (µs per call, launches per call)")
+    print(f"  {name}: the {top} longest (µs per call, launches per call)")
     for k in sorted(peer, key=lambda k: -k.total_us)[:top]:
         print(f"    {k.total_us / calls:8.1f}  x{k.calls / calls:g}  {k.name[:100]}")
+    per_name: dict[str, list[float]] = {}
+    for side, kernels in enumerate((mine, peer)):
+        for k in kernels:
+            per_name.setdefault(k.name[:100], [0.0, 0.0])[side] += k.total_us / calls
+    print(f"  the {top} kernels whose time per call differs most (µs: streamfuse | {name})")
+    for kname, (ua, ub) in sorted(per_name.items(), key=lambda kv: -abs(kv[1][0] - kv[1][1]))[:top]:
+        print(f"    {ua:8.1f} | {ub:8.1f}  ({ua - ub:+.1f})  {kname}")
 
 
 if __name__ == "__main__":

@@ -323,6 +323,34 @@ step s44-tp 320 streamfuse bench --suite models --models vit_b,swin --batch thro
 step s44-timm 150 python3 benchmarks/train_check.py --json "$OUT/s44-timm.json" --calls 4 --timm hrnet_w18_small,dla34
 step s44-b1 200 streamfuse bench --suite models --models swin,vit_b,resnet50 --batch 1 \
   --dtype float32 --modes $MODES_RO --reps 10 --out "$OUT/s44-b1"
+# session 45: the suite's vit_b_16 with a non-zero head (session 44's nonzero_parameters and rel_error's
+# all-zero check), both entry points, float32 at batch 1 and 32, then bfloat16 at batch 1 beside two rows
+# whose old bfloat16 errors were exactly 0 (googlenet and mobilenet_v3_small, run 111)
+step s45-vit 240 streamfuse bench --suite models --models vit_b --batch all \
+  --dtype float32 --modes $MODES_SF --reps 5 --out "$OUT/s45-vit"
+step s45-bf16 240 streamfuse bench --suite models --models vit_b,googlenet,mobilenet_v3_small --batch 1 \
+  --dtype bfloat16 --modes $MODES_SF --reps 5 --out "$OUT/s45-bf16"
+# session 45: where streamfuse.compile and the backend differ on one plan (distilbert b8x128 in run 157:
+# 713.2 against 679.5 µs): both timed in turns, and their kernels side by side
+step s45-kbe 200 python3 benchmarks/kernel_bandwidth.py --models distilbert,bert-base --batch throughput \
+  --top 15 --peer backend --tf32
+# session 45: the batch-1 rows under reduce-overhead in models.json (gpt2 prefill fp32 0.98x in run 103,
+# gpt2 decode bf16 0.99x in run 123), again on this code
+step s45-gpt2 330 streamfuse bench --suite models --models gpt2 --batch 1 --dtype all \
+  --modes $MODES_RO --reps 20 --out "$OUT/s45-gpt2"
+# session 45: the text models' TF32 products with an epilogue (bert-base b8x128: a template kernel of
+# 35.9 µs x12 beside cuBLAS's 16.9 µs for the same flops in run 169): the default plan against all
+# cuBLAS, and what check_templates measured
+step s45-mm 240 python3 benchmarks/probes_s45.py bert-base,distilbert,gpt2
+# session 45: the absorbed-epilogue rule and matmul_template_margin against the rule before and all
+# cuBLAS, on the text models at both batches and the Linear + GELU rows (benchmarks/probes_s45.py)
+step s45-mm2 400 bash -c 'python3 benchmarks/probes_s45.py bert-base,distilbert,gpt2,roberta,t5 --linear \
+  && python3 benchmarks/probes_s45.py bert-base,gpt2 --batch 1 && python3 benchmarks/probes_s45.py gpt2 --batch 1 --dtype bfloat16'
+# session 45: matmul_template_margin (1.15 from 20 µs) against the rule before (1.0) on the text models and
+# vit_b_16 at their throughput batch and at batch 1, after the matmul tests on the GPU
+step s45-check 300 bash -c 'python3 -m pytest -q -n 8 -m gpu -W ignore -p no:logging --tb=short tests/test_matmul.py \
+  && python3 benchmarks/probes_s45.py bert-base,distilbert,roberta,vit_b --plans before,default \
+  && python3 benchmarks/probes_s45.py bert-base,gpt2 --batch 1 --plans before,default'
 # session 43: DDP over the backend (NCCL, one process), training with CUDA graphs replaying
 step s43-ddp 90 python3 -m pytest -q -W ignore -p no:logging tests/test_distributed.py
 # session 43: llama at batch 1 through both entry points (the one s38-suite row no run has covered)
@@ -438,12 +466,13 @@ for f in training training-vision training-text training-mix training-large; do 
 [ -f "$OUT/compile-bf16.txt" ] && grep -E "s =|first compile|Error" "$OUT/compile-bf16.txt"
 [ -f "$OUT/bandwidth.txt" ] && grep -E "SUSPECT|suspect" "$OUT/bandwidth.txt"
 for f in s30-tests dense32-compile s30-replay; do [ -f "$OUT/$f.txt" ] && tail -12 "$OUT/$f.txt"; done
-for f in s44-tp s44-b1 s43-bert s43-llama s42-text s39-text s38-suite s38-vision s36-va s36-vb s36-vc s36-vd models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-dense models-dense2 models-cl models-b1red models-text1 models-shuf models-tp6; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
+for f in s45-vit s45-bf16 s45-gpt2 s44-tp s44-b1 s43-bert s43-llama s42-text s39-text s38-suite s38-vision s36-va s36-vb s36-vc s36-vd models-bf16d models-bf16e models-bf16f models-tp4 models-tp5 models-dense models-dense2 models-cl models-b1red models-text1 models-shuf models-tp6; do [ -f "$OUT/$f.txt" ] && grep -E "x |geomean|rror|Traceback" "$OUT/$f.txt" | tail -30; done
+[ -f "$OUT/s45-kbe.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/s45-kbe.txt" | tail -90
 [ -f "$OUT/kprof-s30.txt" ] && grep -vE "^  (SUSPECT )?sf_" "$OUT/kprof-s30.txt" | tail -60
 [ -f "$OUT/s31-tests.txt" ] && tail -8 "$OUT/s31-tests.txt"
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
-for f in s39-gate s39-detect s40-red s41-fixes s42-fixes s43-ddp s43-red s43-epi s44-red s44-exp s44-red2; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
+for f in s45-mm s45-mm2 s45-check s39-gate s39-detect s40-red s41-fixes s42-fixes s43-ddp s43-red s43-epi s44-red s44-exp s44-red2; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
 for f in s36-train-check s36-train-rest s36-train-amp s37-shuf s38-timm-a s38-timm-b s40-mbv3 s43-timm s44-timm; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"

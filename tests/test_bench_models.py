@@ -147,6 +147,13 @@ def test_a_check_against_all_zero_outputs_fails_and_the_suite_leaves_no_zero_par
     assert nonzero_parameters(model) is model
     assert model(x).any() and bool(head.weight.all()) and bool(head.bias.all())
     assert torch.equal(model[0].weight, kept)  # parameters with values keep them
+    # the suite builds models inside `with torch.device(device)`: values are still drawn on the generator's
+    # device (run 167 on a GPU: "Expected a 'cuda' device type for generator but found 'cpu'")
+    other = nn.Linear(3, 2)
+    nn.init.zeros_(other.weight)
+    with torch.device("meta"):
+        nonzero_parameters(other)
+    assert bool(other.weight.all())
 
 
 def test_tables_print_both_ratios_against_reduce_overhead() -> None:

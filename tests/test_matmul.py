@@ -15,6 +15,7 @@ from helpers import TOLERANCE, compile_and_check, randn
 
 from streamfuse import Config
 from streamfuse.fusion.groups import GroupKind
+from streamfuse.fusion.strategy import decide
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -318,6 +319,29 @@ def test_checked_templates_go_to_cublas_where_it_measured_faster(template_us: fl
     assert autotune.check_templates(compiled.plan, compiled.plan.matmul_choices, forced, compiled.base.ceilings,
                                     torch.device("cpu"), lambda src: None) == (compiled.plan.matmul_choices, False)
     assert not timed
+
+
+@pytest.mark.parametrize("template_us,cublas_us,epilogue_us,expected", [
+    (29.6, 20.9, 9.7, "cublas"),   # run 171: bert-base 8x128's 768 -> 3072 + GELU, TF32
+    (11.2, 10.6, 1.5, "triton"),   # run 171: bert-base 1x128's 3072 -> 768 + residual, TF32
+    (40.0, 20.0, 30.0, "triton"),  # a large template clearly ahead keeps it
+])
+def test_a_large_measured_template_must_win_by_the_margin(template_us: float, cublas_us: float, epilogue_us: float,
+                                                          expected: str) -> None:
+    """Config.matmul_template_margin: a measured template of at least matmul_template_margin_from_us
+    is kept only where it beats cuBLAS plus the epilogue kernel by the margin (tuned alone on a hot
+    L2 it ran slower inside the plan: run 171, bert-base, distilbert and roberta at 8x128 4.9-5.8%
+    faster with their FFN products on cuBLAS); a small one, where the template's chained launches
+    gain inside a plan, only has to be faster (bert-base at 1x128: 3.4% slower on cuBLAS)."""
+    config = Config()
+    choice = decide(cublas_us, epilogue_us, template_us, measured=True, has_epilogue=True, config=config)
+    assert choice.strategy == expected
+    assert ("matmul_template_margin" in choice.reason) == (expected == "cublas")
+    # the margin is for measurements only, and 1.0 restores the plain comparison
+    assert decide(cublas_us, epilogue_us, template_us, measured=False, has_epilogue=True,
+                  config=config).strategy == "triton"
+    assert decide(cublas_us, epilogue_us, template_us, measured=True, has_epilogue=True,
+                  config=config.replace(matmul_template_margin=1.0)).strategy == "triton"
 
 
 @pytest.mark.gpu

@@ -292,6 +292,10 @@ def test_config_validates_runtime_fields() -> None:
         Config(fuse="no")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="Config.fold_batchnorm must be True or False"):
         Config().replace(fold_batchnorm=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Config.matmul_template_margin must be in \[1, 4\], got 0.9"):
+        Config(matmul_template_margin=0.9)
+    with pytest.raises(ValueError, match="Config.matmul_template_margin_from_us must be >= 0"):
+        Config(matmul_template_margin_from_us=-1.0)
 
 
 def _iv(start: float, end: float, stream: int = 0) -> Interval:

@@ -128,6 +128,16 @@ class Config:
     cuBLAS plus the modelled epilogue kernel is faster, the product runs through cuBLAS and the plan
     is made again. Run 93 (H200): GPT-2's 768 -> 3072 projection with GELU at 8x128 tokens in
     float32 with TF32 took 58 µs in the template against 26 µs in cuBLAS plus a 5.5 µs GELU kernel."""
+    matmul_template_margin: float = 1.15
+    """A measured template (check_templates, profile_guided) of at least matmul_template_margin_from_us
+    is kept only where it times this factor faster than cuBLAS plus the epilogue kernel. Tuned alone,
+    a large template ran slower inside the plan than cuBLAS + its epilogue kernel: run 171 (H100,
+    TF32), the 768 -> 3072 + GELU product of bert-base, distilbert and roberta at 8x128 tokens timed
+    29.6 µs against 20.9 + a modelled 9.7, and the models ran 4.9-5.8% faster with it on cuBLAS."""
+    matmul_template_margin_from_us: float = 20.0
+    """Smaller measured templates only have to be faster: inside a plan their chained launches (PDL)
+    gain (run 171: bert-base at 1x128 ran 3.4% slower with its 3072 -> 768 + residual product, 11.2 µs
+    in the template against 10.6 + 1.5, moved to cuBLAS)."""
     check_templates_give_up: float = 1.75
     """Config.check_templates: a template whose untuned (heuristic) tile takes more than this many
     times cuBLAS plus the epilogue goes to cuBLAS without tuning its other tiles (run 93: the
@@ -424,6 +434,11 @@ class Config:
             raise ValueError(f"Config.conv_layout_margin must be in [0, 1), got {self.conv_layout_margin}")
         if not 0.0 <= self.network_layout_margin < 1.0:
             raise ValueError(f"Config.network_layout_margin must be in [0, 1), got {self.network_layout_margin}")
+        if self.matmul_template_margin_from_us < 0:
+            raise ValueError("Config.matmul_template_margin_from_us must be >= 0, "
+                             f"got {self.matmul_template_margin_from_us}")
+        if not 1.0 <= self.matmul_template_margin <= 4.0:
+            raise ValueError(f"Config.matmul_template_margin must be in [1, 4], got {self.matmul_template_margin}")
         if not 0.0 < self.triton_matmul_efficiency <= 2.0:
             raise ValueError(f"Config.triton_matmul_efficiency must be in (0, 2], got {self.triton_matmul_efficiency}")
         if not 1 <= self.matmul_max_split_k <= 1024:

@@ -210,7 +210,8 @@ def nonzero_parameters(model: nn.Module, seed: int = 0, std: float = 0.02) -> nn
     with torch.no_grad():
         for p in model.parameters():
             if p.is_floating_point() and p.numel() and not bool(p.any()):
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32).mul_(std).to(p.dtype))
+                # drawn on the CPU (the generator's device), whatever `torch.device` context the model is built in
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32, device="cpu").mul_(std))
     return model
 
 

@@ -103,7 +103,11 @@ def decide(cublas_us: float, epilogue_us: float, triton_us: float, measured: boo
     elif not tensor_cores and not measured:
         strategy, rule = "cublas", "float32: the template's IEEE products run without tensor cores"
     else:
-        strategy = "triton" if triton_us < cublas_us + epilogue_us else "cublas"
+        large = measured and triton_us >= config.matmul_template_margin_from_us
+        margin = config.matmul_template_margin if large else 1.0
+        strategy = "triton" if triton_us * margin < cublas_us + epilogue_us else "cublas"
+        if margin != 1.0 and strategy == "cublas" and triton_us < cublas_us + epilogue_us:
+            rule = f"a measured template this large must be {margin:g}x faster: Config.matmul_template_margin"
     return MatmulChoice(strategy, cublas_us, epilogue_us, triton_us, measured, rule)
 
 
