@@ -92,8 +92,8 @@ def main() -> int:
                 torch.cuda.synchronize()
                 if args.peer == "backend":  # timed in turns, as the suite times each (CUDA events, back to back)
                     from streamfuse.profile.timing import time_cuda_us
-                    rounds = [(time_cuda_us(lambda: compiled(*inputs)), time_cuda_us(lambda: peer(*inputs)))
-                              for _ in range(3)]
+                    mine_fn, peer_fn = (lambda c=compiled, x=inputs: c(*x)), (lambda p=peer, x=inputs: p(*x))
+                    rounds = [(time_cuda_us(mine_fn), time_cuda_us(peer_fn)) for _ in range(3)]
                     print("  µs per call, streamfuse.compile / backend, three rounds: "
                           + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in rounds))
                 with streamfuse.profile(f"{w.name} {args.peer}", calls=args.calls, nvml=False) as peer_prof:

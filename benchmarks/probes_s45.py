@@ -84,6 +84,9 @@ def compare(name: str, fn, inputs, plans: list[str]) -> None:
 
 
 plans = args.plans.split(",")
+unknown = set(plans) - {"before", "default", "cublas"}
+if unknown:
+    ap.error(f"--plans: unknown plan(s) {sorted(unknown)}; expected before, default or cublas")
 for w in model_workloads(args.models, args.batch, args.dtype):
     model, inputs = w.make(dev)
     compare(w.name, model, inputs, plans)
