@@ -44,11 +44,12 @@ def main() -> int:
 
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
+    config = streamfuse.Config().with_settings(args.set)
     suspects = total = 0
     for w in model_workloads(args.models, args.batch, args.dtype):
         model, inputs = w.make(device)
         with torch.no_grad():
-            compiled = streamfuse.compile(model, inputs, streamfuse.Config().with_settings(args.set))
+            compiled = streamfuse.compile(model, inputs, config)
             for _ in range(3):
                 compiled(*inputs)
             torch.cuda.synchronize()
@@ -85,7 +86,7 @@ def main() -> int:
                       f"occupancy {k.occupancy}, limiter {k.limiter}")
         if args.peer:
             peer = (torch.compile(model, mode="reduce-overhead") if args.peer == "reduce-overhead"
-                    else torch.compile(model, backend=streamfuse.make_backend(streamfuse.Config().with_settings(args.set))))
+                    else torch.compile(model, backend=streamfuse.make_backend(config)))
             with torch.no_grad():
                 for _ in range(5):
                     peer(*inputs)

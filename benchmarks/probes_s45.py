@@ -13,7 +13,6 @@ a kernel that runs anyway, and "margin", that with the margin on every product; 
 then each plan's product decisions and what the autotuner measured (its cache: cuBLAS alone and the
 template's tiles, µs). `--linear` adds bf16 Linear(4096->4096) + bias + GELU at batch 8, 512, 4096."""
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,9 @@ import torch.nn.functional as F
 sys.path.insert(0, "src")
 import streamfuse
 from streamfuse.bench.models import model_workloads
+from streamfuse.bench.runner import rel_error
 from streamfuse.profile.timing import time_cuda_us
+from streamfuse.tune.autotune import load_cache
 
 ap = argparse.ArgumentParser()
 ap.add_argument("models", nargs="?", default="bert-base,distilbert,gpt2")
@@ -56,8 +57,7 @@ def compare(name: str, fn, inputs, plans: list[str]) -> None:
         print(f"== {name}", flush=True)
         for p, c in built.items():
             out = c(*inputs)
-            out, want = (out[0], ref[0]) if isinstance(out, (tuple, list)) else (out, ref)
-            err = float((out.float() - want.float()).abs().max() / want.float().abs().max())
+            err = rel_error(out, ref, floor=0.0)
             lines = [line.strip() for line in c.explain(source=False).splitlines()
                      if "runs through cuBLAS (" in line and "[aten]" in line or line.lstrip().startswith("k")
                      and "[matmul]" in line]
@@ -74,8 +74,7 @@ def compare(name: str, fn, inputs, plans: list[str]) -> None:
         print("  µs per call (median of 3 rounds; rounds): " + ", ".join(
             f"{p} {statistics.median(t):.1f}" + (f" ({base / statistics.median(t):.3f}x)" if base else "")
             + " [" + " ".join(f"{x:.1f}" for x in t) + "]" for p, t in times.items()), flush=True)
-    data = json.loads((cache / "autotune.json").read_text()) if (cache / "autotune.json").exists() else {}
-    for key, value in sorted(data.items()):
+    for key, value in sorted(load_cache(cache).items()):
         if "|aten|" in key:
             print(f"  cuBLAS alone {value.get('us'):.1f} µs  {key.split('|aten|')[1][:150]}")
         elif "sf_mm" in key:

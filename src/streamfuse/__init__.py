@@ -38,10 +38,10 @@ def compile(
     generate kernels; returns a CompiledGraph that takes tensors like `example_inputs` (positional,
     or by the model's parameter names) and returns what model returns. `example_inputs`: a tensor,
     a tuple of tensors (the first positional parameters), or a dict of tensors by parameter name
-    (`{"input_ids": ids, "attention_mask": mask}`: the compiled model then takes them in that order or by those names); an input that is not a
-    tensor (a list of images, a DynamicCache, a flag such as `output_hidden_states=True`) sends the
-    model through the backend (below). A call with other shapes
-    or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be captured
+    (`{"input_ids": ids, "attention_mask": mask}`: the compiled model then takes them in that order
+    or by those names); an input that is not a tensor (a list of images, a DynamicCache, a flag such
+    as `output_hidden_states=True`) sends the model through the backend (below). A call with other
+    shapes or dtypes gets a plan of its own (Config.max_specializations). A model that cannot be captured
     as one graph runs through `torch.compile(model, backend="streamfuse")` instead (a BackendFallback:
     Dynamo splits it where it must), and one that fails there too, or in planning, runs eagerly (an
     EagerFallback); each warns once, naming the reason."""
