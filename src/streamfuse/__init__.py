@@ -84,10 +84,10 @@ def _compile_for(model: Any, inputs: tuple[torch.Tensor, ...], config: Config,
 def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> CompiledGraph:
     from streamfuse.capture.export import Captured, KeywordInputs, capture
     from streamfuse.ir.batch import batch_rows, batch_signature, batch_sized, differs_beyond_batch, padded_outputs
-    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, watchable
+    from streamfuse.ir.fold import SnapshotCache, watchable
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import Graph
-    from streamfuse.ir.merge import merge_sibling_convolutions
+    from streamfuse.ir.weight_fold import fold_model_weights
     from streamfuse.runtime.compiled import build
     from streamfuse.runtime.executable import build_executable
     from streamfuse.runtime.inputs import graph_device
@@ -96,14 +96,11 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     snapshots = SnapshotCache()
 
     def convert(cap: Captured) -> Graph:
-        """Captured -> Graph, batch-norms folded, sibling convolutions merged; every batch bucket
-        shares one snapshot of the folded and stacked weights."""
+        """Captured -> Graph, its weights folded (ir/weight_fold.fold_model_weights); every batch
+        bucket shares one snapshot of the folded and stacked weights."""
         graph = graph_from_fx(cap.gm, cap.bound, cap.literals)
-        followed = watchable(cap.bound.values())  # else no snapshot: it could not follow the weights
-        if config.fold_batchnorm and followed:
-            fold_batchnorm(graph, snapshots)
-        if config.merge_sibling_convolutions and followed:
-            merge_sibling_convolutions(graph, snapshots)
+        if watchable(cap.bound.values()):  # else no snapshot: it could not follow the weights
+            fold_model_weights(graph, snapshots, config)
         return graph
 
     start = time.perf_counter()

@@ -40,9 +40,17 @@ class Config:
     """Upper bound on IR nodes fused into one kernel."""
     fold_batchnorm: bool = True
     """Fold inference batch-norm into the preceding conv's weights at compile time; False runs it as an
-    epilogue reading live parameters. streamfuse.compile keeps the snapshot (later in-place weight
-    changes need a new compile); torch.compile(backend="streamfuse") watches its sources' version
-    counters and binds the graph again unfolded at the first call that finds one changed."""
+    epilogue reading live parameters. streamfuse.compile watches the snapshot's sources' version
+    counters and computes it again in place when one changed (an optimizer step, load_state_dict);
+    torch.compile(backend="streamfuse") binds the graph again unfolded at the first call that finds one
+    changed."""
+    fold_weights: bool = True
+    """Evaluate once, at compile time, what an inference graph computes from parameters and buffers
+    alone (weights cast under autocast, weight_norm / spectral_norm, position tables from a buffer),
+    kept as snapshots watched like fold_batchnorm's (ir/weight_fold.py)."""
+    fold_weights_max_bytes: int = 1 << 30
+    """Memory the snapshots of fold_weights may take in all, per compiled model (autocast's bfloat16
+    copies of a float32 model's weights take half its size); past it the rest is computed per call."""
     fold_constants: bool = True
     """Evaluate once, at compile time, the ops that depend on no input, parameter or buffer (a shifted-
     window attention mask built from zeros and literals, a roll's arange/fmod index), and keep their
@@ -392,6 +400,7 @@ class Config:
             "max_ops_per_kernel": self.max_ops_per_kernel,
             "max_persistent_reduction": self.max_persistent_reduction,
             "fold_constants_max_bytes": self.fold_constants_max_bytes,
+            "fold_weights_max_bytes": self.fold_weights_max_bytes,
             "max_recomputed_evaluations": self.max_recomputed_evaluations,
             "horizontal_max_elements": self.horizontal_max_elements,
             "max_horizontal_parts": self.max_horizontal_parts,

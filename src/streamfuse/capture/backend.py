@@ -34,6 +34,7 @@ from streamfuse.capture.decomp import decomposition_table
 from streamfuse.config import Config
 from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, statistics_counters
 from streamfuse.ir.from_fx import graph_from_fx
+from streamfuse.ir.weight_fold import fold_weights
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.gate import CallGate
@@ -294,6 +295,8 @@ class StaticParamsGraph:
         """The graph was bound again with its updated static inputs passed as arguments."""
         self.folded = 0
         """Batch-norms folded into the bound plan's convolution weights."""
+        self.weight_folds = 0
+        """Ops computed from the bound parameters alone, folded into snapshots (ir/weight_fold.py)."""
         self.watched: list[torch.Tensor] = []
         self.versions: list[int] = []
         """The folds' source tensors and their version counters when folded."""
@@ -380,17 +383,23 @@ class StaticParamsGraph:
         self._static_of, self._dynamic_of = picker(self.static), picker(dynamic)
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:
-        """Fold the batch-norms into snapshot weights, watched by version counter (class docstring),
+        """Fold what the parameters alone compute (ir/weight_fold.py) and the batch-norms into snapshot
+        weights, watched by version counter (class docstring),
         with the `num_batches_tracked` of their modules (found among the process's objects: a
         recalibration pass through the uncompiled module in train mode bumps only those); not where a
         bound tensor keeps no version counter (made under torch.inference_mode)."""
-        if (self.live or not self.config.fold_batchnorm
+        self.weight_folds = 0
+        if (self.live or not (self.config.fold_batchnorm or self.config.fold_weights)
                 or any(isinstance(t, torch.Tensor) and t.is_inference() for t in bound)):
             return
         snapshots = SnapshotCache()
-        self.folded = fold_batchnorm(graph, snapshots, note=FOLD_NOTE)
+        if self.config.fold_batchnorm:  # first, as streamfuse.compile does (ir/weight_fold.fold_model_weights)
+            self.folded = fold_batchnorm(graph, snapshots, note=FOLD_NOTE)
+        if self.config.fold_weights:
+            self.weight_folds = fold_weights(graph, snapshots, self.config.fold_weights_max_bytes,
+                                             self.config.fold_constants_max_bytes, note=FOLD_NOTE)
         self.watched = snapshots.sources()
-        if self.folded:  # a train-mode forward of the module itself updates the statistics unseen
+        if self.folded or self.weight_folds:  # a train-mode forward of the module updates statistics unseen
             self.watched += statistics_counters(_live_norm_modules(), self.watched)
         self.versions = [t._version for t in self.watched]
 
@@ -410,11 +419,14 @@ class StaticParamsGraph:
         if self.unbound_updates:
             bound += ("; the static inputs it updates in place were replaced by the caller, so they are passed as "
                       "arguments (bound again once)")
+        if self.weight_folds:
+            bound += (f"; {self.weight_folds} op(s) computed from parameters alone folded into snapshots, watched: a "
+                      "parameter changed in place binds the graph again unfolded")
         if self.folded:
             bound += (f"; {self.folded} batch-norm(s) folded into convolution weights, watched: a parameter changed "
                       "in place binds the graph again unfolded")
         if self.live:
-            bound += "; a folded batch-norm's parameters changed in place, so it was bound again with none folded"
+            bound += "; a folded snapshot's parameters changed in place, so it was bound again with none folded"
         return f"inference graph with {bound}\n" + self.compiled.explain(source)
 
 

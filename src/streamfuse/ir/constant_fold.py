@@ -40,11 +40,11 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
     """Fold in place (module docstring); returns how many ops were evaluated and removed."""
     written = {id(dst) for _, dst in graph.writebacks}
     values: dict[Node, object] = {n: t for n, t in graph.constants.items() if _literal(graph, n, t, written)}
-    returned = _returned(graph)
+    returned = returned_nodes(graph)
     folded: list[Node] = []
     cheap: set[Node] = set()  # generated in-kernel from nothing (a `full`, pointwise ops on it): not stored
     for n in graph.nodes:
-        if n.kind is OpKind.INPUT or n in values or n in returned or not _evaluable(n):
+        if n.kind is OpKind.INPUT or n in values or n in returned or not evaluable(n):
             continue
         if not all(a in values for a in n.input_nodes()):
             continue
@@ -58,7 +58,7 @@ def fold_constants(graph: Graph, max_bytes: int) -> int:
                                  **{k: map_args(v, values.__getitem__) for k, v in n.kwargs.items()})
         except Exception:  # noqa: BLE001 - an op that cannot run here runs in the plan, as before
             continue
-        if isinstance(value, FakeTensor) or (n.dtype is not None and not _matches(value, n)):
+        if isinstance(value, FakeTensor) or (n.dtype is not None and not matches_meta(value, n)):
             continue
         values[n] = value
         if n.kind in _CHEAP and all(a in cheap for a in n.input_nodes()):
@@ -170,7 +170,7 @@ def _literal(graph: Graph, n: Node, t: torch.Tensor, written: set[int]) -> bool:
             and not isinstance(t, (torch.nn.Parameter, FakeTensor)))
 
 
-def _returned(graph: Graph) -> set[Node]:
+def returned_nodes(graph: Graph) -> set[Node]:
     """The outputs and what they view: a caller may change a returned tensor in place, so it must be
     computed afresh on every call, as eager does, never handed out from a constant."""
     out: set[Node] = set()
@@ -184,7 +184,7 @@ def _returned(graph: Graph) -> set[Node]:
     return out
 
 
-def _evaluable(n: Node) -> bool:
+def evaluable(n: Node) -> bool:
     """A deterministic, non-mutating ATen op (or a getitem of one's results)."""
     if n.target is operator.getitem:
         return True
@@ -195,7 +195,7 @@ def _evaluable(n: Node) -> bool:
     return True
 
 
-def _matches(value: object, n: Node) -> bool:
+def matches_meta(value: object, n: Node) -> bool:
     """The evaluated value has the node's recorded meta (shape, dtype, strides where they matter)."""
     if not isinstance(value, torch.Tensor):
         return False

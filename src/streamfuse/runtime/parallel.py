@@ -53,10 +53,10 @@ class ParallelModels:
 def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
              config: Config | None = None) -> ParallelModels:
     from streamfuse.capture.export import capture, normalize_inputs
-    from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, watchable
+    from streamfuse.ir.fold import SnapshotCache, watchable
     from streamfuse.ir.from_fx import graph_from_fx
     from streamfuse.ir.graph import disjoint_union
-    from streamfuse.ir.merge import merge_sibling_convolutions
+    from streamfuse.ir.weight_fold import fold_model_weights
     from streamfuse.runtime.inputs import graph_device
 
     if not models:
@@ -74,11 +74,8 @@ def parallel(models: Sequence[tuple[torch.nn.Module | Callable[..., Any], Any]],
             raise ValueError(f"models[{i}] updates buffers in place (training-mode batch-norm?): "
                              "streamfuse.parallel takes inference models")
         graph = graph_from_fx(captured.gm, captured.bound, captured.literals)
-        followed = watchable(captured.bound.values())  # else no snapshot: it could not follow the weights
-        if config.fold_batchnorm and followed:
-            fold_batchnorm(graph, snapshots)
-        if config.merge_sibling_convolutions and followed:
-            merge_sibling_convolutions(graph, snapshots)
+        if watchable(captured.bound.values()):  # else no snapshot: it could not follow the weights
+            fold_model_weights(graph, snapshots, config)
         graphs.append(graph)
         counts.append((len(graph.inputs), len(graph.outputs)))
         specs.append(captured.out_spec)
