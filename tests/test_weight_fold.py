@@ -192,3 +192,34 @@ def test_the_budget_bounds_what_is_kept(budget: int, config: Any, device: torch.
 def test_the_budget_must_be_positive() -> None:
     with pytest.raises(ValueError, match="fold_weights_max_bytes"):
         streamfuse.Config(fold_weights_max_bytes=0)
+
+
+def test_a_change_no_version_counter_sees_needs_weights_changed(config: Any, device: torch.device) -> None:
+    """`.data` writes bump no counter: the snapshot keeps the old values until weights_changed()."""
+    model = _model(device)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6)).to(device)
+    compiled = streamfuse.compile(model, (x,), config)
+    with torch.no_grad():
+        before = compiled(x).clone()
+        for p in model.parameters():
+            p.data.mul_(1.5)
+        want = model(x)
+        assert (want - before).abs().max() > 1e-3 * before.abs().max()
+        compiled.weights_changed()
+        _close(compiled(x), want)
+
+
+def test_parallel_models_fold_their_weights(config: Any, device: torch.device) -> None:
+    models = [_model(device) for _ in range(2)]
+    with torch.no_grad():
+        models[1].out.weight.mul_(-1)
+    xs = [torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(7 + i)).to(device) for i in range(2)]
+    par = streamfuse.parallel([(m, (x,)) for m, x in zip(models, xs, strict=True)], config)
+    assert _notes(par.compiled)
+    with torch.no_grad():
+        for out, m, x in zip(par(*xs), models, xs, strict=True):
+            _close(out, m(x))
+        for p in models[0].parameters():
+            p.add_(0.1)
+        for out, m, x in zip(par(*xs), models, xs, strict=True):
+            _close(out, m(x))
