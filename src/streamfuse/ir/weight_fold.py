@@ -34,8 +34,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from streamfuse.ir.constant_fold import evaluable, matches_meta, returned_nodes
-from streamfuse.ir.fold import SnapshotCache, constant_node, drop_unread_constants, fresh_name, replace_uses
+from streamfuse.ir.fold import (
+    SnapshotCache,
+    constant_node,
+    drop_unread_constants,
+    fold_batchnorm,
+    fresh_name,
+    replace_uses,
+)
 from streamfuse.ir.graph import Graph, Node, map_args
+from streamfuse.ir.merge import merge_sibling_convolutions
 from streamfuse.ir.ops import OpKind
 
 if TYPE_CHECKING:
@@ -54,9 +62,6 @@ def fold_model_weights(graph: Graph, cache: SnapshotCache, config: Config) -> No
     batch-norms into convolutions (first: their lowered chains are matched op by op, and this pass
     would fold their parameter-only ops), what is computed from the weights alone, sibling
     convolutions stacked."""
-    from streamfuse.ir.fold import fold_batchnorm
-    from streamfuse.ir.merge import merge_sibling_convolutions
-
     if config.fold_batchnorm:
         fold_batchnorm(graph, cache)
     if config.fold_weights:
