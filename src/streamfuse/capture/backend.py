@@ -32,9 +32,9 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
 from streamfuse.config import Config
-from streamfuse.ir.fold import SnapshotCache, fold_batchnorm, statistics_counters
+from streamfuse.ir.fold import SnapshotCache, statistics_counters
 from streamfuse.ir.from_fx import graph_from_fx
-from streamfuse.ir.weight_fold import fold_weights
+from streamfuse.ir.weight_fold import fold_model_weights
 from streamfuse.runtime.compiled import CompiledGraph, build
 from streamfuse.runtime.fallback import failure_text, warn_fallback
 from streamfuse.runtime.gate import CallGate
@@ -383,21 +383,16 @@ class StaticParamsGraph:
         self._static_of, self._dynamic_of = picker(self.static), picker(dynamic)
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:
-        """Fold what the parameters alone compute (ir/weight_fold.py) and the batch-norms into snapshot
-        weights, watched by version counter (class docstring),
-        with the `num_batches_tracked` of their modules (found among the process's objects: a
-        recalibration pass through the uncompiled module in train mode bumps only those); not where a
-        bound tensor keeps no version counter (made under torch.inference_mode)."""
+        """Fold the batch-norms and what the parameters alone compute into snapshot weights, as
+        streamfuse.compile does (ir/weight_fold.fold_model_weights; no sibling convolutions merged), watched
+        by version counter (class docstring), with the `num_batches_tracked` of their modules (found among
+        the process's objects: a recalibration pass through the uncompiled module in train mode bumps only
+        those); not where a bound tensor keeps no version counter (made under torch.inference_mode)."""
         self.weight_folds = 0
-        if (self.live or not (self.config.fold_batchnorm or self.config.fold_weights)
-                or any(isinstance(t, torch.Tensor) and t.is_inference() for t in bound)):
+        if self.live or any(isinstance(t, torch.Tensor) and t.is_inference() for t in bound):
             return
         snapshots = SnapshotCache()
-        if self.config.fold_batchnorm:  # first, as streamfuse.compile does (ir/weight_fold.fold_model_weights)
-            self.folded = fold_batchnorm(graph, snapshots, note=FOLD_NOTE)
-        if self.config.fold_weights:
-            self.weight_folds = fold_weights(graph, snapshots, self.config.fold_weights_max_bytes,
-                                             self.config.fold_constants_max_bytes, note=FOLD_NOTE)
+        self.folded, self.weight_folds = fold_model_weights(graph, snapshots, self.config, note=FOLD_NOTE, merge=False)
         self.watched = snapshots.sources()
         if self.folded or self.weight_folds:  # a train-mode forward of the module updates statistics unseen
             self.watched += statistics_counters(_live_norm_modules(), self.watched)

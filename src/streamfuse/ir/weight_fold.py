@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from streamfuse.ir.constant_fold import evaluable, matches_meta, returned_nodes
 from streamfuse.ir.fold import (
+    SNAPSHOT_NOTE,
     SnapshotCache,
     constant_node,
     drop_unread_constants,
@@ -54,23 +55,23 @@ _WORK = frozenset({OpKind.REDUCTION, OpKind.CONTRACTION, OpKind.OPAQUE, OpKind.G
 """Ops whose per-call cost a fold saves even where a generated kernel reads the result."""
 _MATERIALIZE = frozenset({OpKind.CONTRACTION, OpKind.OPAQUE, OpKind.GATHER})
 """Readers that take their operand from memory: pointwise work on a weight before them is a kernel of its own."""
-NOTE = "snapshots computed again in place when a parameter or buffer they came from changes in place"
 
 
-def fold_model_weights(graph: Graph, cache: SnapshotCache, config: Config) -> None:
-    """streamfuse.compile's folds of a captured model's weights, in order, all into `cache`: inference
-    batch-norms into convolutions (first: their lowered chains are matched op by op, and this pass
-    would fold their parameter-only ops), what is computed from the weights alone, sibling
-    convolutions stacked."""
-    if config.fold_batchnorm:
-        fold_batchnorm(graph, cache)
-    if config.fold_weights:
-        fold_weights(graph, cache, config.fold_weights_max_bytes, config.fold_constants_max_bytes)
-    if config.merge_sibling_convolutions:
+def fold_model_weights(graph: Graph, cache: SnapshotCache, config: Config, note: str = SNAPSHOT_NOTE,
+                       merge: bool = True) -> tuple[int, int]:
+    """The folds of a captured model's weights, in order, all into `cache`: inference batch-norms into
+    convolutions (first: their lowered chains are matched op by op, and this pass would fold their
+    parameter-only ops), what is computed from the weights alone, and (`merge`) sibling convolutions
+    stacked. `note`: what happens when a source changes. Returns (batch-norms folded, ops folded)."""
+    norms = fold_batchnorm(graph, cache, note=note) if config.fold_batchnorm else 0
+    ops = fold_weights(graph, cache, config.fold_weights_max_bytes, config.fold_constants_max_bytes, note) \
+        if config.fold_weights else 0
+    if merge and config.merge_sibling_convolutions:
         merge_sibling_convolutions(graph, cache)
+    return norms, ops
 
 
-def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_bytes: int, note: str = NOTE) -> int:
+def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_bytes: int, note: str = SNAPSHOT_NOTE) -> int:
     """Fold in place (module docstring); returns how many ops no longer run per call. `cache`: the
     compile's snapshots (shared by its batch buckets), `max_bytes`: Config.fold_weights_max_bytes,
     `max_result_bytes`: Config.fold_constants_max_bytes, `note`: what happens when a source changes.
