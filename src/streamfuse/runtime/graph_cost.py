@@ -16,6 +16,12 @@ GRAPH_NODE_US = 1.1
 """A kernel launched from a CUDA graph (H200, GPU_FACTS.md)."""
 DIRECT_LAUNCH_US = 10.0
 """A kernel launched from Python, through streamfuse's direct path or ATen (measured 9.6-14 µs)."""
+DIRECT_CALL_US = 13.0
+"""Host cost a direct call pays once whatever its launches: input checks, the run loop's setup and
+its output list. A one-kernel plan (bf16 Linear + GELU, batch 8) cost 35 µs per call launched
+directly against its 10.6 µs kernel, where a CUDA graph's call costs ~22 µs (run 171; host_overhead.py:
+24.4 µs for compiled(x) through a graph); less this, the model had one launch lose to the graph's
+copies, and it did not (benchmarks/graph_choice.py times both paths for small and large plans)."""
 COPY_CALL_US = 7.0
 """Host cost of one copy or clone call (benchmarks/host_overhead.py: 6.5 and 7.9 µs)."""
 COPY_NODE_US = 1.8
@@ -56,19 +62,15 @@ def host_rng_reason(exe: Executable) -> str | None:
     return None
 
 
-def graph_skip_reason(exe: Executable) -> str | None:
-    """Why replaying a CUDA graph would not beat launching directly, or None if it would.
+def graph_estimate(exe: Executable) -> tuple[float, float, int]:
+    """(µs a replay saves, µs it adds, bytes it copies) per call of `exe` against launching directly.
 
-    A graph saves the host cost of every launch and allocation but adds copies: inputs into its
-    static buffers and (unless reuse_outputs) results out of them. With few launches, or tensors so
-    large that the copies cost more than the launches saved, direct launches win."""
-    rng = host_rng_reason(exe)
-    if rng is not None:
-        return rng
+    A graph saves the host cost of the direct call, of every launch and allocation, but adds copies:
+    inputs into its static buffers and (unless reuse_outputs) results out of them."""
     launches = exe.launches
     # launching directly allocates every intermediate and result on the host, per call
     allocations = sum(len(g.outputs) for g in exe.plan.groups if g.launches)
-    saved = launches * (DIRECT_LAUNCH_US - GRAPH_NODE_US) + allocations * ALLOC_US
+    saved = DIRECT_CALL_US + launches * (DIRECT_LAUNCH_US - GRAPH_NODE_US) + allocations * ALLOC_US
     # inputs the graph updates in place are read where they are (runtime/graphs.py): not copied
     written = set(exe.graph.written_inputs)
     tensors = [n for i, n in enumerate(exe.graph.inputs) if i not in written]
@@ -82,7 +84,19 @@ def graph_skip_reason(exe: Executable) -> str | None:
     outputs = 0 if exe.config.reuse_outputs else len(visible)
     out_copy = 0.0 if exe.config.reuse_outputs else COPY_CALL_US
     cost = copy_bytes / COPY_BYTES_PER_US + inputs_in + out_copy + outputs * VIEW_US + REPLAY_US
+    return saved, cost, copy_bytes
+
+
+def graph_skip_reason(exe: Executable) -> str | None:
+    """Why replaying a CUDA graph would not beat launching directly (graph_estimate), or None if it
+    would. With tensors so large that the copies cost more than the host work saved, direct
+    launches win."""
+    rng = host_rng_reason(exe)
+    if rng is not None:
+        return rng
+    saved, cost, copy_bytes = graph_estimate(exe)
     if cost > saved:
+        launches = exe.launches
         what = "one kernel launch" if launches == 1 else f"{launches} launches"
         return (f"copying inputs{'' if exe.config.reuse_outputs else ' and outputs'} ({copy_bytes / 2**20:.1f} MiB, "
                 f"~{cost:.0f} µs) would cost more than the graph saves on {what} (~{saved:.0f} µs)")
