@@ -339,6 +339,8 @@ def test_cuda_graphs_are_skipped_where_they_cannot_pay_off(config) -> None:  # t
     one = streamfuse.compile(lambda x: torch.softmax(x, -1), (randn(8, 16),), config)
     assert one.stats["kernels"] == 1 and one.graph_skip is None
     large = streamfuse.compile(lambda x: x.relu() * 2 + 1, (randn(4096, 1024),), config)  # 32 MiB copied in and out
+    views = streamfuse.compile(lambda x: (x.t(), x[0]), (randn(8, 16),), config.replace(reuse_outputs=True))
+    assert views.stats["kernels"] == 0 and "nothing to replay" in (views.graph_skip or "")
     assert "graph saves on one kernel launch" in (large.graph_skip or "")
     packed = streamfuse.compile(lambda *xs: [x.relu() * 2 for x in xs], tuple(randn(8, 8, seed=i) for i in range(32)),
                                 config)

@@ -94,9 +94,11 @@ def graph_skip_reason(exe: Executable) -> str | None:
     rng = host_rng_reason(exe)
     if rng is not None:
         return rng
+    launches = exe.launches
+    if not launches:  # the direct call's own cost would otherwise "pay" for copies around an empty graph
+        return "the plan launches no kernel (its outputs are views of its inputs): there is nothing to replay"
     saved, cost, copy_bytes = graph_estimate(exe)
     if cost > saved:
-        launches = exe.launches
         what = "one kernel launch" if launches == 1 else f"{launches} launches"
         return (f"copying inputs{'' if exe.config.reuse_outputs else ' and outputs'} ({copy_bytes / 2**20:.1f} MiB, "
                 f"~{cost:.0f} µs) would cost more than the graph saves on {what} (~{saved:.0f} µs)")
