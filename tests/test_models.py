@@ -169,6 +169,36 @@ def _through_backend(model: nn.Module, x: torch.Tensor, config: Any) -> Any:
     return compiled
 
 
+class _DataDependentBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if h.sum() > 0:  # a branch on a tensor's value (FakeQuantize's observer flag): torch.export stops here
+            h = h * 2
+        return h.relu()
+
+
+def test_a_failed_capture_prints_no_partial_graph(config: Any, device: torch.device,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """torch.export prints the partial graph of a trace it gave up on (twice) to stderr before raising;
+    streamfuse.compile drops that print and says why in its one warning, and the model still matches
+    eager on inputs that take either branch."""
+    torch.manual_seed(0)
+    model = _DataDependentBranch().eval().to(device)
+    capfd.readouterr()
+    compiled = _through_backend(model, torch.randn(4, 16, device=device), config)
+    assert "def forward" not in capfd.readouterr().err
+    base, taken = torch.randn(4, 16, device=device) * 100, set()
+    with torch.no_grad():
+        for x in (base, -base):  # the weights' term outweighs the bias: the two take different branches
+            taken.add(bool(model.lin(x).sum() > 0))
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-3)
+    assert taken == {True, False}
+
+
 def test_a_model_that_cannot_be_captured_whole_runs_through_the_backend(config: Any, device: torch.device) -> None:
     """A model torch.export cannot capture as one graph goes through torch.compile(backend=
     "streamfuse") instead, with one warning naming the reason: Dynamo splits it at the data-dependent

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 import re
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -426,12 +428,30 @@ def _capture_one_trace(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
     return Captured(gm=gm, bound=bound, out_spec=flat.out_spec, input_names=names, mutated=mutated)
 
 
+@contextlib.contextmanager
+def _without_partial_graph() -> Iterator[None]:
+    """torch.export prints the partial FX graph of a trace that failed (at a data-dependent branch: the
+    whole model's ops so far, hundreds of lines) to stderr, twice in torch 2.13, before it raises. streamfuse goes on
+    through the backend and says why in one warning, so that print is dropped; anything else written
+    to stderr meanwhile is passed on."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except BaseException as exc:
+        text, partial = buffer.getvalue(), getattr(exc, "partial_fx_graph", None)
+        sys.stderr.write(text.replace(f"{partial}\n", "") if partial is not None else text)  # printed once per layer
+        raise
+    sys.stderr.write(buffer.getvalue())
+
+
 def _capture_export(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], live: dict[str, torch.Tensor],
                     names: list[str]) -> Captured:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch-internal pytree deprecations
         try:
-            ep = torch.export.export(module, inputs, strict=False)
+            with _without_partial_graph():
+                ep = torch.export.export(module, inputs, strict=False)
         except RuntimeError as exc:
             cache = re.search(r"<class '([\w.]*Cache)'> in output", str(exc))
             if cache is None:
