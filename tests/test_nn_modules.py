@@ -48,6 +48,9 @@ def _trains_like_eager(model: nn.Module, inputs: tuple[torch.Tensor, ...], confi
     torch._dynamo.reset()
     fast = torch.compile(mine, backend=streamfuse.make_backend(config))
     wide = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    # eager float64 on CUDA is itself up to 6e-8 away from CPU float64 (run 173, H100: the weight-normed
+    # conv + GELU model's gradients; the backend's were within 5e-16 of the CPU's), so a GPU compares at 1e-6
+    rtol, atol = (1e-6, 1e-9) if inputs[0].device.type == "cuda" else (1e-8, 1e-11)
     for step in range(steps):
         want = ref(*wide).square().mean()
         got = fast(*wide).square().mean()
@@ -57,7 +60,7 @@ def _trains_like_eager(model: nn.Module, inputs: tuple[torch.Tensor, ...], confi
         for (name, p), q in zip(mine.named_parameters(), ref.parameters(), strict=True):
             assert (p.grad is None) == (q.grad is None), name
             if q.grad is not None:
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-8, atol=1e-11,
+                torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol,
                                            msg=lambda m, name=name, step=step: f"step {step}, {name}: {m}")
         for (name, b), c in zip(mine.named_buffers(), ref.buffers(), strict=True):
             torch.testing.assert_close(b, c, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"buffer {name}: {m}")
@@ -112,7 +115,9 @@ class _Encoder(nn.Module):
 def test_a_transformer_encoder_under_a_padding_mask(config: Any, device: torch.device) -> None:
     """Eager's eval forward under no_grad runs the native fast path on nested tensors and returns 0 at
     padded positions; the compiled graphs compute the math path, whose padded positions hold values
-    (as aot_eager's do). Kept positions must match eager; every position must match the math path."""
+    (as aot_eager's do). Kept positions must match eager; padded positions must match the math path,
+    or be eager's own zeros where Dynamo leaves the layer to eager (the backend at the second shape
+    on an H100, run 173)."""
     torch.manual_seed(0)
     model = _nonzero(_Encoder()).to(device).eval()
     gen = torch.Generator().manual_seed(2)
@@ -130,7 +135,8 @@ def test_a_transformer_encoder_under_a_padding_mask(config: Any, device: torch.d
         with torch.no_grad():
             for out in (compiled(x, pad), fast(x, pad)):
                 _close(out[~pad], fast_path[~pad])
-                _close(out, math_path)
+                if not out[pad].eq(0).all():
+                    _close(out, math_path)
     _trains_like_eager(model, cases[1], config)
 
 
