@@ -63,7 +63,8 @@ def main() -> int:
         return 1
     torch.set_grad_enabled(False)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    header = f"{'workload':34} {'launch':>6} {'direct us':>10} {'graph us':>9} {'saved':>6} {'added':>6}  decided  right  err"
+    header = (f"{'workload':34} {'launch':>6} {'direct us':>10} {'graph us':>9} {'saved':>6} {'added':>6}"
+              "  decided  right  err")
     print(header)
     wrong = 0
     for name, fn, inputs in _workloads():

@@ -431,16 +431,16 @@ def _capture_one_trace(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]
 @contextlib.contextmanager
 def _without_partial_graph() -> Iterator[None]:
     """torch.export prints the partial FX graph of a trace that failed (at a data-dependent branch: the
-    whole model's ops so far, hundreds of lines) to stderr, twice in torch 2.13, before it raises. streamfuse goes on
-    through the backend and says why in one warning, so that print is dropped; anything else written
-    to stderr meanwhile is passed on."""
+    whole model's ops so far, hundreds of lines) to stderr, once per wrapper layer (twice in torch
+    2.13), before it raises. streamfuse goes on through the backend and says why in one warning, so
+    that print is dropped; anything else written to stderr meanwhile is passed on."""
     buffer = io.StringIO()
     try:
         with contextlib.redirect_stderr(buffer):
             yield
     except BaseException as exc:
         text, partial = buffer.getvalue(), getattr(exc, "partial_fx_graph", None)
-        sys.stderr.write(text.replace(f"{partial}\n", "") if partial is not None else text)  # printed once per layer
+        sys.stderr.write(text.replace(f"{partial}\n", "") if partial is not None else text)
         raise
     sys.stderr.write(buffer.getvalue())
 

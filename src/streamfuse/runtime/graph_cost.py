@@ -21,7 +21,8 @@ DIRECT_CALL_US = 13.0
 its output list. A one-kernel plan (bf16 Linear + GELU, batch 8) cost 35 µs per call launched
 directly against its 10.6 µs kernel, where a CUDA graph's call costs ~22 µs (run 171; host_overhead.py:
 24.4 µs for compiled(x) through a graph); less this, the model had one launch lose to the graph's
-copies, and it did not (benchmarks/graph_choice.py times both paths for small and large plans)."""
+copies, and it did not. Run 173 (H100, benchmarks/graph_choice.py): one-kernel plans 37-45 µs direct
+against 22-27 replayed, so the true figure is nearer 15-20; the model chose right on all nine plans."""
 COPY_CALL_US = 7.0
 """Host cost of one copy or clone call (benchmarks/host_overhead.py: 6.5 and 7.9 µs)."""
 COPY_NODE_US = 1.8
@@ -96,7 +97,7 @@ def graph_skip_reason(exe: Executable) -> str | None:
         return rng
     launches = exe.launches
     if not launches:  # the direct call's own cost would otherwise "pay" for copies around an empty graph
-        return "the plan launches no kernel (its outputs are views of its inputs): there is nothing to replay"
+        return "the plan launches no kernel (it returns its inputs, views of them or constants): nothing to replay"
     saved, cost, copy_bytes = graph_estimate(exe)
     if cost > saved:
         what = "one kernel launch" if launches == 1 else f"{launches} launches"
