@@ -64,14 +64,16 @@ def fold_model_weights(graph: Graph, cache: SnapshotCache, config: Config, note:
     parameter-only ops), what is computed from the weights alone, and (`merge`) sibling convolutions
     stacked. `note`: what happens when a source changes. Returns (batch-norms folded, ops folded)."""
     norms = fold_batchnorm(graph, cache, note=note) if config.fold_batchnorm else 0
-    ops = fold_weights(graph, cache, config.fold_weights_max_bytes, config.fold_constants_max_bytes, note) \
-        if config.fold_weights else 0
+    ops = 0
+    if config.fold_weights:
+        ops = fold_weights(graph, cache, config.fold_weights_max_bytes, config.fold_constants_max_bytes, note)
     if merge and config.merge_sibling_convolutions:
         merge_sibling_convolutions(graph, cache)
     return norms, ops
 
 
-def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_bytes: int, note: str = SNAPSHOT_NOTE) -> int:
+def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_bytes: int,
+                 note: str = SNAPSHOT_NOTE) -> int:
     """Fold in place (module docstring); returns how many ops no longer run per call. `cache`: the
     compile's snapshots (shared by its batch buckets), `max_bytes`: Config.fold_weights_max_bytes,
     `max_result_bytes`: Config.fold_constants_max_bytes, `note`: what happens when a source changes.

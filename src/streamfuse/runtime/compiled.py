@@ -406,10 +406,10 @@ class CompiledGraph(ModelState, BatchBuckets):
     def weights_changed(self) -> None:
         """Compute again every copy the plan keeps of the model's weights (batch-norms folded into
         convolutions, what the weights alone compute: Config.fold_weights, channels_last copies of
-        convolution filters), from their current values. The
-        plan sees in-place changes by their version counters; call this after a change that bumps
-        none: through `.data` (`p.data.mul_(2)`, an EMA written through `.data`). Recorded CUDA
-        graphs read the copies where they are, so they see the new values."""
+        convolution filters), from their current values. The plan sees in-place changes by their
+        version counters; call this after a change that bumps none: through `.data`
+        (`p.data.mul_(2)`, an EMA written through `.data`). Recorded CUDA graphs read the copies where
+        they are, so they see the new values."""
         if self.weights_watch is not None:
             self.weights_watch.cache.refresh()
         for exe in self._variants.values():
