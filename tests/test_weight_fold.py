@@ -179,6 +179,38 @@ def test_position_tables_fold_and_outputs_stay_fresh(config: Any, device: torch.
         _close(compiled(x)[0], model(x)[0])
 
 
+class _SharedTable(nn.Module):
+    """Each of three blocks gathers the same position table, as T5's layers each take the relative
+    position bias: one computation, three regions in the trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Embedding(256, 1024)
+        self.scales = nn.Parameter(torch.rand(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(256, device=x.device)
+        for i in range(3):
+            x = torch.tanh(x * self.scales[i] + self.pos(positions))
+        return x
+
+
+def test_identical_regions_share_one_snapshot_and_count_once(config: Any, device: torch.device) -> None:
+    torch.manual_seed(0)
+    model = _SharedTable().to(device).eval()
+    x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(6)).to(device)
+    table_mib = 256 * 1024 * 4 / 2**20
+    # a budget of one and a half tables: the three regions hold one snapshot, so all three fold
+    compiled = streamfuse.compile(model, (x,), config.replace(fold_weights_max_bytes=int(1.5 * table_mib * 2**20)))
+    notes = _notes(compiled)
+    assert notes and f"{table_mib:.1f} MiB kept" in notes[0], notes
+    assert not any("embedding" in op for op in _ops(compiled)), compiled.explain(source=False)
+    with torch.no_grad():
+        _close(compiled(x), model(x))
+        model.pos.weight.mul_(0.5)
+        _close(compiled(x), model(x))
+
+
 @pytest.mark.parametrize("budget", [1, 10_000_000])
 def test_the_budget_bounds_what_is_kept(budget: int, config: Any, device: torch.device) -> None:
     model = _model(device)

@@ -76,6 +76,11 @@ class SnapshotCache:
         self._entries[key] = (sources, value, make)
         return value
 
+    def has(self, sources: tuple[torch.Tensor | None, ...], what: object) -> bool:
+        """Whether `get(sources, what, ...)` would return a snapshot already made (no new memory)."""
+        hit = self._entries.get((*(id(t) for t in sources), what))
+        return hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True))
+
     def sources(self) -> list[torch.Tensor]:
         """Every distinct tensor a snapshot was computed from (to watch for in-place changes)."""
         seen: dict[int, torch.Tensor] = {}

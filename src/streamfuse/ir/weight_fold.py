@@ -109,18 +109,25 @@ def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_
     budget, folded = max_bytes, 0
     names = {n.name for n in graph.nodes}
     replaced: list[Node | None] = []
+    held: dict[int, int] = {}
+    """Storage -> bytes of the snapshots this graph reads: regions computing the same thing (T5's
+    position bias, taken once per layer) share one snapshot (SnapshotCache), held once."""
     for n in kept:
         size = n.numel * n.itemsize
-        if size > budget:
-            continue
         sources, calls = programs[n]
         tensors = tuple(graph.constants[a] for a in sources)
+        what = ("weight fold", _signature(sources, calls))
+        if size > budget and not cache.has(tensors, what):
+            continue
         try:
-            snapshot = cache.get(tensors, ("weight fold", _signature(sources, calls)),
+            snapshot = cache.get(tensors, what,
                                  lambda n=n, tensors=tensors, calls=calls: _checked(n, tensors, calls))  # type: ignore[misc]
         except Exception:  # noqa: BLE001 - an op that cannot run here (or not as recorded) runs in the plan
             continue
-        budget -= size
+        storage = snapshot.untyped_storage().data_ptr()
+        if storage not in held:
+            held[storage] = size
+            budget -= size
         const = constant_node(graph, fresh_name(f"{n.name}_folded", names), snapshot)
         replace_uses(graph, n, const)
         graph.nodes.insert(graph.nodes.index(n), const)
@@ -134,7 +141,7 @@ def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_
     drop_unread_constants(graph, replaced)
     folded = sum(1 for m in before - set(graph.nodes) if m in region and m.kind not in _ALIASES)
     graph.notes.append(f"{folded} op(s) computed from parameters and buffers alone evaluated once at compile time, "
-                       f"{(max_bytes - budget) / 2**20:.1f} MiB kept ({note})")
+                       f"{sum(held.values()) / 2**20:.1f} MiB kept ({note})")
     return folded
 
 
