@@ -52,3 +52,39 @@ def test_an_expanded_output_replays(config, monkeypatch) -> None:  # type: ignor
             got, want = compiled(x), model(x)
             assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want]
             torch.testing.assert_close(list(got), list(want))
+
+
+def _returns_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x, x.relu()
+
+
+def _returns_views_of_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return x.relu(), x.view(-1), x[1:3]
+
+
+@pytest.mark.parametrize("model", [_returns_input, _returns_views_of_input])
+@pytest.mark.parametrize("reuse_outputs", [False, True])
+def test_outputs_in_an_input_are_the_callers_tensor_as_in_eager(model, reuse_outputs, config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An output that is the input or a view of it (`return x, f(x)`): eager returns the caller's own
+    tensor, or a view of it. The graph copies inputs into static buffers, and returned that buffer's
+    view copied out; every other output was copied too, on every call (the buffer cannot be handed
+    out). At the compiled batch it is now the caller's tensor; at a padded batch, a copy of its rows."""
+    from graph_emulation import emulate_graphs
+
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (randn(4, 6),), config.replace(reuse_outputs=reuse_outputs))
+        emulate_graphs(monkeypatch, compiled)
+        for call, batch in enumerate((4, 4, 4, 3, 4)):
+            x = randn(batch, 6, seed=call)
+            got, want = compiled(x), model(x)
+            assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want]
+            torch.testing.assert_close(list(got), list(want))
+            if batch != 4:  # padded to the bucket (or a plan of its own where the batch is fixed): values only
+                continue
+            for g, w in zip(got, want, strict=True):
+                in_x = g.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+                assert in_x == (w.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()), call
+                assert (g is x) == (w is x), call
+        runner = compiled._runners[4]
+        if not reuse_outputs:  # the other outputs are handed out (Config.output_sets), not copied on every call
+            assert runner.output_sets > 0

@@ -138,7 +138,16 @@ class _Instance:
             j: (i, tuple(t.shape), tuple(t.stride()), t.storage_offset())
             for j, t in enumerate(user) if (i := owner(t)) is not None}
         """Output position -> (input read in place, size, stride, storage offset) of a result in its memory."""
-        self.outputs: list[Any] = [None if j in self.aliases else t for j, t in enumerate(user)]
+        statics = {static_inputs[i].untyped_storage().data_ptr(): i for i in copied}
+        self.input_views: dict[int, tuple[int, torch.Tensor]] = {
+            j: (i, t) for j, t in enumerate(user)
+            if j not in self.aliases and isinstance(t, torch.Tensor)
+            and (i := statics.get(t.untyped_storage().data_ptr())) is not None}
+        """Output position -> (copied input, the result: a view of its static buffer). Eager returns the
+        caller's own tensor or a view of it (`return x, f(x)`); GraphRunner.input_views rebuilds it on
+        the call's tensor, and these views never leave the runner (the next call's copy overwrites them)."""
+        self.outputs: list[Any] = [None if j in self.aliases or j in self.input_views else t
+                                   for j, t in enumerate(user)]
         self.keep_alive: list[Any] = [t for t in results[exe.graph.user_outputs:] if owner(t) is None]
 
 
@@ -301,19 +310,40 @@ class GraphRunner:
             self._check_in_place(inputs, exact)
         if self.reuse_outputs:
             self._replay(self.first, inputs, batch, exact)
-            return self._views(self.first.outputs if not self.first.aliases else _rebuilt(self.first, inputs),
-                               batch, exact)
+            return self.input_views(self.first, self._views(
+                self.first.outputs if not self.first.aliases else _rebuilt(self.first, inputs), batch, exact),
+                inputs, batch, exact)
         inst = self._free_instance(inputs)
         if inst is not None:
             self._replay(inst, inputs, batch, exact)
-            return self._views(inst.outputs if not inst.aliases else _rebuilt(inst, inputs), batch, exact)
+            return self.input_views(inst, self._views(inst.outputs if not inst.aliases else _rebuilt(inst, inputs),
+                                                      batch, exact), inputs, batch, exact)
         if self.copy_source is None:
             self.copy_source = self._record_instance(inputs)
         self.outputs_copied += 1
         self._replay(self.copy_source, inputs, batch, exact)
         source = self.copy_source
-        return fresh_copies(self._views(source.outputs if not source.aliases else _rebuilt(source, inputs), batch,
-                                        exact))
+        return self.input_views(source, fresh_copies(self._views(
+            source.outputs if not source.aliases else _rebuilt(source, inputs), batch, exact)), inputs, batch, exact)
+
+    def input_views(self, inst: _Instance, outputs: list[Any], inputs: Sequence[Any], batch: int,
+                    exact: bool) -> list[Any]:
+        """`outputs` with the results in a copied input's static buffer (_Instance.input_views) taken
+        from the call's own tensor, as eager returns them: the tensor itself or the same view of it,
+        where it has the buffer's layout (the compiled batch, contiguous); otherwise a copy of the
+        buffer's view, sliced to the call's batch as the other outputs are."""
+        for j, (i, view) in inst.input_views.items():
+            x = inputs[i]
+            static = self._static(i)
+            if exact and x.is_contiguous() and x.shape == static.shape:
+                size, stride = tuple(view.shape), tuple(view.stride())
+                offset = view.storage_offset() - static.storage_offset()
+                same = offset == 0 and size == tuple(x.shape) and stride == tuple(x.stride())
+                outputs[j] = x if same else x.as_strided(size, stride, x.storage_offset() + offset)
+            else:
+                rows = self.batch_slices[j]
+                outputs[j] = (view[: batch * rows] if not exact and rows is not None else view).clone()
+        return outputs
 
     def _replay(self, inst: _Instance, inputs: Sequence[torch.Tensor], batch: int, exact: bool) -> None:
         copied = [inputs[i] for i in self.copied] if self.in_place else inputs
