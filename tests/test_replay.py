@@ -132,6 +132,22 @@ def test_standard_loop_replays_forward_and_backward(build: Callable[[], nn.Modul
         assert forward.released and all(t.isnan().all() for t in forward.released if t.is_floating_point())
 
 
+def test_a_one_launch_training_graph_replays(config: streamfuse.Config, device: torch.device) -> None:
+    """A forward of one kernel (a bias-free Linear: one matrix product) replays its graph too: a
+    replay's ~4 µs against a direct launch and the direct path's per-call work (run 173). It used to
+    run step by step ("1 launch: nothing for a graph to save")."""
+    torch.manual_seed(0)
+    model = nn.Linear(32, 16, bias=False).to(device)
+    first = len(backend_module.compiled_graphs)
+    gen = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(8, 32, generator=gen).to(device), torch.randn(8, 16, generator=gen).to(device))
+               for _ in range(6)]
+    train_and_compare(model, batches, lambda m, x, y: F.mse_loss(m(x), y), config)
+    forward = _replays(first)["forward"]
+    assert forward.compiled.base.launches == 1, forward.explain(source=False)
+    assert forward.reason is None and forward.replay_stats.replays >= 3, forward.explain(source=False)
+
+
 def test_guards_are_what_keeps_a_shared_pool_right(config: streamfuse.Config, device: torch.device,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The emulation can fail: with the forward's check of the sharing backward's gradients removed,
