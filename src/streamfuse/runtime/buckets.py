@@ -79,6 +79,15 @@ class BatchBuckets:
         if batch != self.base_batch and self.batch_reason is None and self.batch_check is not None:
             self._check_function_of_batch(inputs, batch)
         flexible = self.batch_reason is None
+        if batch == self.base_batch or not flexible:
+            # the common call: every input exactly as compiled (one shape compare per input, ~0.3 µs
+            # against ~0.8 for the loop below; 32 inputs took 27 µs); anything else is judged below
+            device = self.base.device
+            for t, (dtype, shape) in zip(inputs, self._exact_inputs(flexible), strict=True):
+                if not (isinstance(t, torch.Tensor) and t.dtype is dtype and t.shape == shape and t.device == device):
+                    break
+            else:
+                return batch
         for i, (t, node) in enumerate(zip(inputs, expected, strict=True)):
             ok = isinstance(t, torch.Tensor) and t.dtype == node.dtype and t.device == self.base.device
             if ok and flexible:
@@ -93,6 +102,18 @@ class BatchBuckets:
                 raise_bad_input(i, t, _with_batch(node, batch) if flexible else node, self.base.device,
                                 self.call.input_names, note)
         return batch
+
+    def _exact_inputs(self, flexible: bool) -> list[tuple[torch.dtype | None, tuple[int, ...] | None]]:
+        """(dtype, shape) of each input that _check_batch's loop accepts at the compiled batch (with the
+        batch `flexible`: the batch dimension at the compiled batch, None for a 0-d input, which the
+        loop rejects), computed once per flexibility."""
+        key = "_exact_flexible" if flexible else "_exact_fixed"
+        found = self.__dict__.get(key)
+        if found is None:
+            found = [(n.dtype, ((self.base_batch, *tuple(n.shape)[1:]) if n.shape else None) if flexible
+                      else tuple(n.shape)) for n in self.base.graph.inputs]
+            self.__dict__[key] = found
+        return found
 
     def _check_function_of_batch(self, inputs: Sequence[Any], batch: int) -> None:
         """Once, at the first call of another batch: the model captured at that batch must be the
