@@ -233,6 +233,22 @@ def test_output_sets_hand_out_buffers_only_once_the_caller_let_go(batch: int, co
         config.replace(output_sets=-1)
 
 
+@pytest.mark.parametrize("copy_node", [True, False])
+def test_outputs_in_an_input_are_the_callers_tensor(copy_node: bool, config) -> None:  # type: ignore[no-untyped-def]
+    """`return x, f(x), x.view(-1)` through a recorded graph: the first and last outputs are the
+    caller's tensor and a view of it, as in eager (the graph copied its static buffer's view out,
+    and every other output with it); at a padded batch, copies of the call's rows."""
+    fn = lambda x: (x, torch.softmax(x, -1).sum(0, keepdim=True) * x, x.view(-1))  # noqa: E731
+    compiled = streamfuse.compile(fn, (_fresh((4, 64), 0),), config.replace(input_copy_node=copy_node))
+    for rep, batch in enumerate((4, 4, 3, 4)):
+        x = _fresh((batch, 64), 30 + rep)
+        got, want = compiled(x), fn(x)
+        torch.testing.assert_close(list(got), list(want), rtol=1e-5, atol=1e-6)
+        if batch == 4:
+            assert got[0] is x and got[2].data_ptr() == x.data_ptr() and got[2].shape == (256,)
+    assert compiled.stats["graphs"] >= 1 and compiled._runners[4].output_sets > 0
+
+
 def test_input_copy_node_reads_each_calls_inputs(config) -> None:  # type: ignore[no-untyped-def]
     """Config.input_copy_node (default): the graph copies its inputs itself, pointed at each call's
     tensors. Two inputs, padded batches, a non-contiguous input, inputs changed and freed right after
