@@ -238,7 +238,7 @@ def test_outputs_in_an_input_are_the_callers_tensor(copy_node: bool, config) -> 
     """`return x, f(x), x.view(-1)` through a recorded graph: the first and last outputs are the
     caller's tensor and a view of it, as in eager (the graph copied its static buffer's view out,
     and every other output with it); at a padded batch, copies of the call's rows."""
-    fn = lambda x: (x, torch.softmax(x, -1).sum(0, keepdim=True) * x, x.view(-1))  # noqa: E731
+    fn = lambda x: (x, torch.softmax(x, -1).sum(0, keepdim=True) * x, x.view(-1))
     compiled = streamfuse.compile(fn, (_fresh((4, 64), 0),), config.replace(input_copy_node=copy_node))
     for rep, batch in enumerate((4, 4, 3, 4)):
         x = _fresh((batch, 64), 30 + rep)
