@@ -182,7 +182,9 @@ class CompiledGraph(ModelState, BatchBuckets):
         for key, value in named.items():
             if key not in names:
                 raise TypeError(f"unexpected keyword argument {key!r}: the compiled model takes "
-                                f"{', '.join(names)} (the parameters its example_inputs were given for)")
+                                f"{', '.join(names)} (the parameters its example_inputs were given for); to "
+                                f"pass {key!r}, compile with it in example_inputs (a dict of keyword arguments "
+                                f"works: streamfuse.compile(model, {{{', '.join(f'{n!r}: ...' for n in [*names, key])}}}))")
             at = names.index(key)
             if slots[at] is not _MISSING:
                 raise TypeError(f"got multiple values for argument {key!r}")
