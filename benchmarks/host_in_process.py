@@ -15,7 +15,6 @@ import functools
 import io
 import pstats
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,20 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import streamfuse
 from streamfuse import Config
 from streamfuse.bench.workloads import WORKLOADS, chain8
-from streamfuse.profile.timing import capture_graph, time_cuda_us
+from streamfuse.profile.timing import capture_graph, host_us_per_call, time_cuda_us
 
 NAMES = ("pointwise chain 1K", "softmax 4096x4096", "32 small pointwise ops")
-
-
-def host_us(fn: Callable[[], Any], calls: int = 500) -> float:
-    """Host microseconds per call: the loop's wall time without a sync inside it."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def main() -> int:
@@ -63,7 +51,7 @@ def main() -> int:
         def phase(label: str) -> None:
             print(f"== {label}")
             for name, f in fns.items():
-                print(f"  {name:50} events {time_cuda_us(f, warmup=20, reps=200):7.1f} µs   host {host_us(f):7.1f} µs")
+                print(f"  {name:50} events {time_cuda_us(f, warmup=20, reps=200):7.1f} µs   host {host_us_per_call(f):7.1f} µs")
 
         phase("fresh process")
         x = torch.randn(1024, device=device)

@@ -67,19 +67,21 @@ class SnapshotCache:
 
     def get(self, sources: tuple[torch.Tensor | None, ...], what: object, make: Callable[[], T]) -> T:
         """`make()` (which must read `sources` alone, at call time), computed once per sources."""
-        key = (*(id(t) for t in sources), what)
-        hit = self._entries.get(key)
-        # the entry holds its sources, so their ids cannot be reused while it lives; `is` is a guard
-        if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)):
-            return hit[1]  # type: ignore[no-any-return]
+        if self.has(sources, what):
+            return self._entries[self._key(sources, what)][1]  # type: ignore[no-any-return]
         value = make()
-        self._entries[key] = (sources, value, make)
+        self._entries[self._key(sources, what)] = (sources, value, make)
         return value
 
     def has(self, sources: tuple[torch.Tensor | None, ...], what: object) -> bool:
         """Whether `get(sources, what, ...)` would return a snapshot already made (no new memory)."""
-        hit = self._entries.get((*(id(t) for t in sources), what))
+        hit = self._entries.get(self._key(sources, what))
+        # the entry holds its sources, so their ids cannot be reused while it lives; `is` is a guard
         return hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True))
+
+    @staticmethod
+    def _key(sources: tuple[torch.Tensor | None, ...], what: object) -> tuple[object, ...]:
+        return (*(id(t) for t in sources), what)
 
     def sources(self) -> list[torch.Tensor]:
         """Every distinct tensor a snapshot was computed from (to watch for in-place changes)."""

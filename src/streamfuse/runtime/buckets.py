@@ -12,6 +12,7 @@ each output is sliced back to the call's batch by the rows per batch element the
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -83,7 +84,7 @@ class BatchBuckets:
             # the common call: every input exactly as compiled (one shape compare per input, ~0.3 µs
             # against ~0.8 for the loop below; 32 inputs took 27 µs); anything else is judged below
             device = self.base.device
-            for t, (dtype, shape) in zip(inputs, self._exact_inputs(flexible), strict=True):
+            for t, (dtype, shape) in zip(inputs, self._exact_flexible if flexible else self._exact_fixed, strict=True):
                 if not (isinstance(t, torch.Tensor) and t.dtype is dtype and t.shape == shape and t.device == device):
                     break
             else:
@@ -103,17 +104,16 @@ class BatchBuckets:
                                 self.call.input_names, note)
         return batch
 
-    def _exact_inputs(self, flexible: bool) -> list[tuple[torch.dtype | None, tuple[int, ...] | None]]:
-        """(dtype, shape) of each input that _check_batch's loop accepts at the compiled batch (with the
-        batch `flexible`: the batch dimension at the compiled batch, None for a 0-d input, which the
-        loop rejects), computed once per flexibility."""
-        key = "_exact_flexible" if flexible else "_exact_fixed"
-        found = self.__dict__.get(key)
-        if found is None:
-            found = [(n.dtype, ((self.base_batch, *tuple(n.shape)[1:]) if n.shape else None) if flexible
-                      else tuple(n.shape)) for n in self.base.graph.inputs]
-            self.__dict__[key] = found
-        return found
+    @functools.cached_property
+    def _exact_flexible(self) -> list[tuple[torch.dtype | None, tuple[int, ...] | None]]:
+        """(dtype, shape) of each input that _check_batch's loop accepts at the compiled batch while the
+        batch may change: the batch dimension at the compiled batch; None for a 0-d input (rejected)."""
+        return [(n.dtype, (self.base_batch, *tuple(n.shape)[1:]) if n.shape else None) for n in self.base.graph.inputs]
+
+    @functools.cached_property
+    def _exact_fixed(self) -> list[tuple[torch.dtype | None, tuple[int, ...] | None]]:
+        """(dtype, shape) of each input that _check_batch's loop accepts once the batch is fixed."""
+        return [(n.dtype, tuple(n.shape)) for n in self.base.graph.inputs]
 
     def _check_function_of_batch(self, inputs: Sequence[Any], batch: int) -> None:
         """Once, at the first call of another batch: the model captured at that batch must be the

@@ -310,21 +310,23 @@ class GraphRunner:
             self._check_in_place(inputs, exact)
         if self.reuse_outputs:
             self._replay(self.first, inputs, batch, exact)
-            return self.input_views(self.first, self._views(
-                self.first.outputs if not self.first.aliases else _rebuilt(self.first, inputs), batch, exact),
-                inputs, batch, exact)
+            return self._outputs(self.first, inputs, batch, exact)
         inst = self._free_instance(inputs)
         if inst is not None:
             self._replay(inst, inputs, batch, exact)
-            return self.input_views(inst, self._views(inst.outputs if not inst.aliases else _rebuilt(inst, inputs),
-                                                      batch, exact), inputs, batch, exact)
+            return self._outputs(inst, inputs, batch, exact)
         if self.copy_source is None:
             self.copy_source = self._record_instance(inputs)
         self.outputs_copied += 1
         self._replay(self.copy_source, inputs, batch, exact)
-        source = self.copy_source
-        return self.input_views(source, fresh_copies(self._views(
-            source.outputs if not source.aliases else _rebuilt(source, inputs), batch, exact)), inputs, batch, exact)
+        return self._outputs(self.copy_source, inputs, batch, exact, copied=True)
+
+    def _outputs(self, inst: _Instance, inputs: Sequence[Any], batch: int, exact: bool,
+                 copied: bool = False) -> list[Any]:
+        """What a replay of `inst` hands the caller: its outputs sliced to the batch (`copied`: fresh
+        copies of them), those in an input's memory taken from the call's tensors."""
+        outputs = self._views(inst.outputs if not inst.aliases else _rebuilt(inst, inputs), batch, exact)
+        return self.input_views(inst, fresh_copies(outputs) if copied else outputs, inputs, batch, exact)
 
     def input_views(self, inst: _Instance, outputs: list[Any], inputs: Sequence[Any], batch: int,
                     exact: bool) -> list[Any]:
