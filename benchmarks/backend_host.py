@@ -126,6 +126,8 @@ def layer_times(label: str, fn: Callable[[], Any], calls: int = 400) -> None:
     spent: dict[str, int] = {}
     saved = []
     for cls, name in targets:
+        if name not in cls.__dict__:  # moved to a base class: time it where it is defined
+            cls = next(c for c in cls.__mro__ if name in c.__dict__)
         original = cls.__dict__[name]
         key = f"{cls.__name__}.{name}"
         spent[key] = 0

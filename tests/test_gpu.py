@@ -277,6 +277,36 @@ def test_input_copy_node_reads_each_calls_inputs(config) -> None:  # type: ignor
     torch.cuda.synchronize()
 
 
+def test_copy_nodes_pointed_again_only_when_an_input_moved(config, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A copy node is pointed at a call's input only where that input is not where the last call's
+    was (runtime/graphs.py, _Instance.pointed): the same tensors refilled in place between calls
+    cost no driver call and still give each call's values; a tensor elsewhere, or a padded batch
+    (fewer bytes), points the node again."""
+    from streamfuse.runtime import cudart
+
+    w1, w2 = _fresh((64, 128), 2), _fresh((128, 64), 3)
+    fn = lambda x, y: torch.relu(x @ w1) @ w2 + torch.softmax(y, -1)
+    compiled = streamfuse.compile(fn, (_fresh((4, 64), 0), _fresh((4, 64), 1)), config)
+    assert compiled.use_graphs, compiled.graph_skip
+    pointed: list[int] = []
+    real = cudart.set_memcpy_source
+    monkeypatch.setattr(cudart, "set_memcpy_source", lambda *a: (pointed.append(a[3]), real(*a))[1])
+    x, y = _fresh((4, 64), 10), _fresh((4, 64), 11)
+    torch.testing.assert_close(compiled(x, y), fn(x, y), rtol=1e-4, atol=1e-4)
+    first = len(pointed)
+    for seed in range(3):
+        x.copy_(_fresh((4, 64), 20 + seed))  # new values, same memory
+        torch.testing.assert_close(compiled(x, y), fn(x, y), rtol=1e-4, atol=1e-4)
+    assert len(pointed) == first, "an input at the same address pointed its copy node again"
+    other = _fresh((4, 64), 30)  # x stays alive: other is elsewhere
+    torch.testing.assert_close(compiled(other, y), fn(other, y), rtol=1e-4, atol=1e-4)
+    assert pointed[first:] == [other.data_ptr()]
+    small = _fresh((3, 64), 31)  # padded to the bucket of 4: fewer bytes from wherever it is
+    torch.testing.assert_close(compiled(small, y[:3]), fn(small, y[:3]), rtol=1e-4, atol=1e-4)
+    assert len(pointed) > first + 1
+    torch.testing.assert_close(compiled(x, y), fn(x, y), rtol=1e-4, atol=1e-4)
+
+
 def test_parallel_models_on_gpu(config) -> None:  # type: ignore[no-untyped-def]
     from test_runtime import mlp
 

@@ -124,6 +124,29 @@ def test_backend_matches_eager_at_several_shapes(name: str, config: Any) -> None
     assert not any(isinstance(p, backend_module.EagerGraph) for p in compiled.plans.values())
 
 
+def test_symbolic_plans_are_chosen_by_the_symbolic_arguments_alone(config: Any) -> None:
+    """Once a second shape makes Dynamo's graph symbolic, a call picks its plan by the arguments
+    whose sizes can change (and the SymInts), not by every parameter's shape: the key of each plan
+    holds a few entries where the graph takes dozens of tensors, and each shape still gets its own
+    plan with eager's results."""
+    model = _model("bert")
+    torch._dynamo.reset()
+    first = len(backend_module.compiled_graphs)
+    fast = torch.compile(model, backend=streamfuse.make_backend(config.replace(executor="reference")))
+    with torch.no_grad():
+        for k, shape in enumerate([(2, 5), (3, 7), (2, 6), (3, 7)]):
+            ids = _ids(*shape, seed=k)
+            _close(fast(ids), model(ids))
+    symbolic = [g for g in backend_module.compiled_graphs[first:] if isinstance(g, backend_module.SymbolicGraph)]
+    assert symbolic, "no graph with symbolic sizes"
+    graph = symbolic[-1]
+    tensors = sum(1 for n in graph.gm.graph.nodes if n.op == "placeholder"
+                  and isinstance(n.meta.get("val"), torch.Tensor))
+    assert len(graph.plans) == 2 and graph.built == 2  # (2, 5) ran the static graph of the first call
+    for key in graph.plans:
+        assert 1 <= len(key) <= 4 < tensors, (len(key), tensors)
+
+
 def test_backend_compiles_under_fake_tensor_mode(config: Any) -> None:
     """Nothing reads tensor data at compile time: the backend's compiler, handed fake example inputs
     inside a FakeTensorMode (as AOTAutograd does), builds a plan with a matmul template (its split-K

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -31,12 +30,13 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
+from streamfuse.capture.symbolic import EagerGraph, SymbolicGraph, eager_runner, is_symbolic
 from streamfuse.config import Config
 from streamfuse.ir.fold import SnapshotCache, statistics_counters
 from streamfuse.ir.from_fx import graph_from_fx
 from streamfuse.ir.weight_fold import fold_model_weights
 from streamfuse.runtime.compiled import CompiledGraph, build
-from streamfuse.runtime.fallback import failure_text, warn_fallback
+from streamfuse.runtime.fallback import failure_text
 from streamfuse.runtime.gate import CallGate
 from streamfuse.runtime.inputs import accelerator_of, graph_device
 from streamfuse.runtime.memory import PointerCheck, on_out_of_memory, picker
@@ -77,146 +77,12 @@ compiled_graphs = _Registry()
 StaticParamsGraph, SymbolicGraph or EagerGraph; None once collected): for explain and tests."""
 
 
-def _is_symbolic(gm: torch.fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
-            return True
-        if isinstance(val, torch.Tensor) and any(not isinstance(s, int) for s in (*val.shape, *val.stride())):
-            return True
-    return False
-
-
-def _eager(gm: torch.fx.GraphModule) -> Any:
-    def run(*args: Any) -> list[Any]:
-        return list(gm(*args))
-
-    return run
-
-
-class EagerGraph:
-    """A graph the backend could not compile: it runs as AOTAutograd handed it."""
-
-    def __init__(self, gm: torch.fx.GraphModule, reason: str):
-        self.gm = gm
-        self.reason = reason
-        warn_fallback("a graph handed to the streamfuse backend", reason)
-        self._run = _eager(gm)
-
-    def run_flat(self, args: list[Any]) -> list[Any]:
-        return self._run(*args)
-
-    def explain(self, source: bool = True) -> str:
-        return f"this graph runs eagerly (ATen): {self.reason}\n"
-
-
-class SymbolicGraph:
-    """A graph with symbolic sizes: one CompiledGraph per concrete input signature, each traced from
-    the graph at those sizes (make_fx on fake tensors, so no data is read) and built on first use."""
-
-    def __init__(self, gm: torch.fx.GraphModule, config: Config, static: list[int] | None = None,
-                 training: TrainingRole | None = None):
-        self.gm = gm
-        self.config = config
-        self.training = training
-        """A training graph's role: each concrete plan replays CUDA graphs reading inputs in place."""
-        self.static = static
-        """AOTAutograd's static inputs (parameters, buffers) of an inference graph, possibly none: each
-        concrete plan binds them at its first call (StaticParamsGraph), so it replays CUDA graphs.
-        None for a training graph, or with Config.backend_cuda_graphs off."""
-        self.plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self.built = 0
-        """Plans built so far (evicted ones included): the number of compilations."""
-        self.overflow: EagerGraph | None = None
-        """Runs new shapes once Config.max_specializations_built plans were built."""
-
-    def run_flat(self, args: list[Any]) -> list[Any]:
-        key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
-                    for a in args)
-        plan = self.plans.get(key)
-        if plan is None and self.built >= self.config.max_specializations_built:
-            if self.overflow is None:
-                self.overflow = EagerGraph(self.gm, f"{self.built} concrete plans were compiled already "
-                                                    "(Config.max_specializations_built): new shapes run eagerly")
-            return self.overflow.run_flat(args)
-        if plan is None:
-            plan = self._specialize(args)
-            self.plans[key] = plan
-            while len(self.plans) > max(1, self.config.max_specializations):
-                self.plans.popitem(last=False)
-        else:
-            self.plans.move_to_end(key)
-        return plan.run_flat([a for a in args if isinstance(a, torch.Tensor)])
-
-    def _specialize(self, args: list[Any]) -> Any:
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        self.built += 1
-        tensor_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-
-        def at_these_sizes(*tensors: torch.Tensor) -> Any:
-            full = list(args)
-            for i, t in zip(tensor_at, tensors, strict=True):
-                full[i] = t
-            return self.gm(*full)
-
-        tensors = [args[i] for i in tensor_at]
-        try:
-            with unset_fake_temporarily():
-                traced = make_fx(at_these_sizes, tracing_mode="fake")(*tensors)
-        except Exception as exc:  # noqa: BLE001 - trace failure: this signature runs eagerly
-            return _TensorArgs(EagerGraph(self.gm, f"tracing at concrete sizes failed: {failure_text(exc)}"),
-                               args, tensor_at)
-        if self.static is not None:
-            return StaticParamsGraph(traced, self.config, [tensor_at.index(i) for i in self.static if i in tensor_at])
-        return training_graph(compile_graph(traced, tensors, self.config), _renamed(self.training, self.gm, traced,
-                                                                                     tensor_at))
-
-    def explain(self, source: bool = True) -> str:
-        parts = [f"graph with symbolic sizes: {len(self.plans)} concrete plan(s) kept, {self.built} built"
-                 + (" (Config.max_specializations_built reached: new shapes run eagerly)" if self.overflow else "")]
-        parts += [p.explain(source) for p in self.plans.values()]
-        return "\n".join(parts)
-
-
-def _renamed(training: TrainingRole | None, gm: torch.fx.GraphModule, traced: torch.fx.GraphModule,
-             tensor_at: list[int]) -> TrainingRole | None:
-    """The role's static inputs under the names the graph traced at concrete sizes gives them: make_fx
-    names its placeholders `arg<k>_1`, one per tensor argument, where AOTAutograd's were `primals_<i+1>`
-    over every argument, sizes included. Matched by name, none was static: every parameter under
-    64 KiB was copied in at each replay once a batch changed (a helper's emulated training graphs)."""
-    if training is None or not training.static:
-        return training
-    before = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    after = [n.name for n in traced.graph.nodes if n.op == "placeholder"]
-    if len(after) != len(tensor_at):
-        return training  # not one placeholder per tensor: nothing to match by position (correct, slower)
-    static = frozenset(name for i, name in zip(tensor_at, after, strict=True) if before[i] in training.static)
-    return dataclasses.replace(training, static=static)
-
-
-class _TensorArgs:
-    """Runs an EagerGraph of the symbolic graph from the tensor arguments alone (the sizes fixed)."""
-
-    def __init__(self, inner: EagerGraph, args: list[Any], tensor_at: list[int]):
-        self.inner, self.args, self.tensor_at = inner, list(args), tensor_at
-
-    def run_flat(self, tensors: list[Any]) -> list[Any]:
-        full = list(self.args)
-        for i, t in zip(self.tensor_at, tensors, strict=True):
-            full[i] = t
-        return self.inner.run_flat(full)
-
-    def explain(self, source: bool = True) -> str:
-        return self.inner.explain(source)
-
-
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], config: Config) -> Any:
     """A static-shape aten graph -> CompiledGraph (or EagerGraph with the reason it could not be built)."""
     try:
         graph = graph_from_fx(gm)
         with unset_fake_temporarily():
-            return build(graph, config, graph_device(graph, example_inputs), eager=_eager(gm),
+            return build(graph, config, graph_device(graph, example_inputs), eager=eager_runner(gm),
                          specialize=_retraced(gm, config))
     except Exception as exc:  # noqa: BLE001 - never fail where eager runs
         return EagerGraph(gm, f"conversion or planning failed: {failure_text(exc)}")
@@ -233,14 +99,14 @@ def _retraced(gm: torch.fx.GraphModule, config: Config) -> Any:
 
     def specialize(args: tuple[Any, ...]) -> Any:
         if not all(isinstance(a, torch.Tensor) for a in args):
-            return _eager(gm)
+            return eager_runner(gm)
         try:
             with unset_fake_temporarily():
                 traced = make_fx(lambda *a: gm(*a), tracing_mode="fake")(*args)
         except Exception:  # noqa: BLE001 - never fail where eager runs
-            return _eager(gm)
+            return eager_runner(gm)
         plan = compile_graph(traced, list(args), config.replace(max_specializations=0))
-        return plan if isinstance(plan, CompiledGraph) else _eager(gm)
+        return plan if isinstance(plan, CompiledGraph) else eager_runner(gm)
 
     return specialize
 
@@ -500,7 +366,7 @@ def _compiler(config: Config, role: str = "forward") -> Any:
         if _has_effect_tokens(gm):
             compiled = EagerGraph(gm, "the graph orders side effects with effect tokens (with_effects: torch.linalg's "
                                       "error checks, prints), which AOTAutograd passes as None")
-        elif _is_symbolic(gm):
+        elif is_symbolic(gm):
             compiled = SymbolicGraph(gm, planned, static if bind else None, training)
         elif bind:
             # builds its plan at the first real call; with no parameters (an optimizer's step over
