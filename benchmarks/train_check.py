@@ -71,6 +71,16 @@ convolutions, pooling and attention mixers, multiscale and window attention, LST
 All 28 matched eager in float64 through the backend on the CPU (session 38, reference executor)."""
 
 
+def _runs_at(model: nn.Module, size: int) -> bool:
+    """The model's eager forward takes 2 images of size x size (on the CPU, at this size cheap)."""
+    try:
+        with torch.no_grad():
+            model.eval()(torch.randn(2, 3, size, size))
+    except Exception:  # noqa: BLE001 - any failure: the architecture needs another size
+        return False
+    return True
+
+
 def timm_spec(name: str) -> ModelSpec:
     """A timm architecture as a vision workload: random weights, dropout and drop-path off, 64x64
     images where the model takes an `img_size` (else its pretrained config's size if that is fixed,
@@ -87,11 +97,13 @@ def timm_spec(name: str) -> ModelSpec:
             break
         except TypeError:  # an argument this architecture does not take
             continue
+    cfg = timm.models.get_pretrained_cfg(name)
     if "img_size" in options:
         size = 64
     else:
-        cfg = timm.models.get_pretrained_cfg(name)
         size = cfg.input_size[-1] if cfg is not None and cfg.fixed_input_size else 64
+    if size == 64 and cfg is not None and not _runs_at(timm.create_model(name, pretrained=False, **options), 64):
+        size = cfg.input_size[-1]  # halonet26t's blocks do not divide a 64x64 image's features: eager asserts
 
     def build(tiny: bool) -> nn.Module:
         return timm.create_model(name, pretrained=False, **options)
@@ -150,8 +162,10 @@ class Run:
 
             self.fn = torch.compile(self.model, backend=streamfuse.make_backend(config))
         self.batch = tuple(t.to(dtype) if t.is_floating_point() else t for t in batch_of(spec, tiny, device))
-        if channels_last:
-            self.model.to(memory_format=torch.channels_last)
+        if channels_last:  # 4-D weights only: Module.to(memory_format=...) fails on a Conv3d's (lambda_resnet26t)
+            for t in [*self.model.parameters(), *self.model.buffers()]:
+                if t.dim() == 4:
+                    t.data = t.data.contiguous(memory_format=torch.channels_last)
             self.batch = (self.batch[0].contiguous(memory_format=torch.channels_last),) + self.batch[1:]
 
     def step(self) -> tuple[float, dict[str, torch.Tensor], dict[str, torch.Tensor]]:

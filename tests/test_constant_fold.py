@@ -196,3 +196,73 @@ def test_folds_real_values_under_fake_tensor_mode(config) -> None:  # type: igno
     assert not any(isinstance(t, FakeTensor) for t in compiled.base.graph.constants.values())
     (out,) = run([x])
     torch.testing.assert_close(out, f(x)[0])
+
+
+class _RelativeIndices(nn.Module):
+    """ConViT's pattern: relative position indices built each call with factories that name no device
+    (so on the CPU, whatever the model's device), filled by slice assignment and moved with
+    `.to(device)` before they meet the activations."""
+
+    def __init__(self, side: int = 3, dim: int = 6) -> None:
+        super().__init__()
+        self.side = side
+        self.proj = nn.Linear(3, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, side * side, dim]
+        n = self.side * self.side
+        ind = torch.arange(self.side).view(1, -1) - torch.arange(self.side).view(-1, 1)
+        rel = torch.zeros(1, n, n, 3)
+        rel[:, :, :, 0] = ind.repeat(self.side, self.side).unsqueeze(0)
+        rel[:, :, :, 1] = ind.repeat_interleave(self.side, 0).repeat_interleave(self.side, 1).unsqueeze(0)
+        rel[:, :, :, 2] = rel[:, :, :, 0] ** 2 + rel[:, :, :, 1] ** 2
+        bias = self.proj(rel.to(x.device)).mean(-1)  # [1, n, n]
+        return torch.softmax(x @ x.transpose(-1, -2) + bias, -1) @ x
+
+
+def test_cpu_side_indices_of_a_model_on_the_device(config, device) -> None:  # type: ignore[no-untyped-def]
+    """Tensors folded from CPU factories are moved to the graph's device once (runtime/inputs.py
+    move_cpu_snapshots): on a GPU a kernel reading them in host memory failed to launch and its group
+    ran eagerly (ConViT, run 182). Both entry points and a training step through the backend match
+    eager, with no fallback."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = _RelativeIndices().to(device)
+    x = torch.randn(2, 9, 6, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", streamfuse.StreamfuseFallbackWarning)
+        with torch.no_grad():
+            compiled = streamfuse.compile(model, (x,), config)
+            torch.testing.assert_close(compiled(x), model(x))
+        torch._dynamo.reset()
+        fast = torch.compile(model, backend=streamfuse.make_backend(config))
+        xr = x.clone().requires_grad_()
+        fast(xr).pow(2).sum().backward()
+        want = x.clone().requires_grad_()
+        grads = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+        model.zero_grad()
+        model(want).pow(2).sum().backward()
+        torch.testing.assert_close(xr.grad, want.grad)
+        for got, p in zip(grads, model.parameters(), strict=True):
+            torch.testing.assert_close(got, p.grad)
+
+
+def test_folded_cpu_constants_follow_the_graph_device(config) -> None:  # type: ignore[no-untyped-def]
+    """The move itself, on a CPU-compiled graph sent to another device ("meta" stands in for a GPU):
+    every snapshot constant moves, except those an output returns or views."""
+    from streamfuse.ir.constant_fold import returned_nodes
+    from streamfuse.runtime.inputs import move_cpu_snapshots
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ind = (torch.arange(4).view(1, -1) - torch.arange(4).view(-1, 1)).float()
+        return x @ ind, torch.arange(4).view(2, 2)
+
+    x = torch.randn(3, 4)
+    compiled = streamfuse.compile(fn, (x,), config)
+    graph = compiled.base.graph
+    moved = [n for n in graph.constants if n in graph.snapshots and n not in returned_nodes(graph)]
+    assert moved, "nothing was folded into a snapshot"
+    move_cpu_snapshots(graph, torch.device("meta"))
+    for n, value in graph.constants.items():
+        if n in graph.snapshots:
+            assert value.device.type == ("meta" if n in moved else "cpu"), n.name

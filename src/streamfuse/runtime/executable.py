@@ -30,7 +30,7 @@ from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.profile import known
-from streamfuse.runtime.inputs import BadInput, move_cpu_scalars, raise_bad_count, raise_bad_input, scalars_to_device
+from streamfuse.runtime.inputs import BadInput, move_cpu_snapshots, raise_bad_count, raise_bad_input, scalars_to_device
 from streamfuse.runtime.precompile import precompile
 from streamfuse.runtime.steps import ChannelsLastConvStep, HoistedStep, KernelStep, NodeStep, Step, make_kernel_step
 from streamfuse.runtime.streams import StreamRunner
@@ -80,7 +80,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     clock.lap("addmm timing")
     rng = attach_rng(graph, config.seed)  # dropout's counter-based random numbers (ir/rng.py)
     if device.type == "cuda":
-        move_cpu_scalars(graph, device)
+        move_cpu_snapshots(graph, device)
     if config.conv_bias_epilogue:
         bias_to_epilogue(graph)  # ATen adds a cuDNN convolution's bias in a kernel of its own
     if config.conv_input_copy:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from streamfuse.ir.constant_fold import returned_nodes
 from streamfuse.ir.graph import Graph, Node
 
 
@@ -48,15 +49,19 @@ def scalars_to_device(inputs: list[Any] | tuple[Any, ...], at: Sequence[int], de
     return list(inputs) if moved is None else moved
 
 
-def move_cpu_scalars(graph: Graph, device: torch.device) -> None:
-    """0-dim CPU literals of a CUDA graph (`mask[:4] = 1` traces `tensor(1.)` on the CPU whatever the
-    model's device) moved to the device once: ATen takes a 0-dim CPU tensor as a scalar, but a kernel
-    cannot read host memory and streams cannot record it (swin_t's attention mask ran eagerly). Only
-    snapshots (tensors the trace or streamfuse made): a live CPU scalar of the caller's (an optimizer's
-    step count) changes between calls and is read where it lives."""
-    outputs = {id(o) for o in graph.outputs}
+def move_cpu_snapshots(graph: Graph, device: torch.device) -> None:
+    """CPU tensors the trace or streamfuse made (snapshots), in a graph on `device`, moved there once: a
+    kernel cannot read host memory and streams cannot record it. They come from literals (`mask[:4] = 1`
+    traces `tensor(1.)` on the CPU whatever the model's device: swin_t's attention mask ran eagerly)
+    and from constant folding over factories called without a device (ConViT's relative indices,
+    built with `torch.zeros`/`arange` on the CPU and moved with `.to(device)`: the kernel reading them
+    failed to launch on an H100 and its group ran eagerly, run 182). The plan places every other
+    tensor on the graph's device. Live tensors of the caller's stay where they are (an optimizer's
+    CPU step count changes between calls), and so do those an output returns or views (a caller
+    gets them where eager puts them)."""
+    returned = returned_nodes(graph)
     for node, value in list(graph.constants.items()):
-        if node in graph.snapshots and value.device.type == "cpu" and value.dim() == 0 and id(node) not in outputs:
+        if node in graph.snapshots and value.device.type == "cpu" and node not in returned:
             graph.constants[node] = value.to(device)
 
 
