@@ -1,7 +1,7 @@
 """Graphs with symbolic sizes through the backend: once Dynamo has seen a dimension change it hands
 over a graph with SymInt sizes, and each concrete input signature under it gets its own plan,
-traced from the graph at those sizes and built on first use (capture/backend.py's SymbolicGraph
-docstring); and the graphs that run as AOTAutograd handed them (EagerGraph)."""
+traced from the graph at those sizes and built on first use (SymbolicGraph); and the graphs that
+run as AOTAutograd handed them (EagerGraph). Split from capture/backend.py, which builds both."""
 
 from __future__ import annotations
 
@@ -81,9 +81,9 @@ class SymbolicGraph:
         """Which arguments choose the plan: the tensors whose placeholder has a symbolic size or
         stride, and every non-tensor argument (a SymInt's value). A tensor the graph holds at fixed
         sizes (every parameter and buffer) is guarded by Dynamo to keep its dtype, device, sizes and
-        strides, and keying it cost ~0.4 µs per argument per call: 120 µs on a CPU for googlenet's 288
-        arguments once a second batch size had made the graph symbolic (the suite's backend rows at 1.8x
-        of streamfuse.compile, session 49). Types are fixed per graph, so the positions are too."""
+        strides, and keying it cost ~0.5 µs per argument per call: 160 µs on a CPU for googlenet's 289
+        arguments, at every call this graph serves (4.4 µs now; session 49). Types are fixed per
+        graph, so the positions are too."""
         placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         vals = [n.meta.get("val", n.meta.get("example_value")) for n in placeholders]
         if len(vals) != len(args):
@@ -164,9 +164,10 @@ def _renamed(training: TrainingRole | None, gm: torch.fx.GraphModule, traced: to
 
 
 def _symbolic(value: torch.Tensor) -> bool:
-    """A placeholder's (fake) tensor has a symbolic size, stride or storage offset."""
+    """A placeholder's (fake) tensor has a symbolic size, stride or storage offset (is_symbolic's test
+    for sizes and strides, and the offset too: a plan is keyed by it where it can change)."""
     try:
-        return any(isinstance(d, torch.SymInt) for d in (*value.shape, *value.stride(), value.storage_offset()))
+        return any(not isinstance(d, int) for d in (*value.shape, *value.stride(), value.storage_offset()))
     except Exception:  # noqa: BLE001 - a layout without strides: key it
         return True
 
