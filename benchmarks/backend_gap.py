@@ -143,7 +143,8 @@ def measure(name: str, dtype: torch.dtype, profile: bool, second_batch: bool) ->
             print(f"    graph {i}: {len(g.static)} bound, {len(dyn)} dynamic argument(s); folded {g.folded}, weight "
                   f"folds {g.weight_folds}, live {g.live}, rebinds {g.rebinds}, unbound updates "
                   f"{g.unbound_updates}; graph instances {stats.get('graph_instances')}, outputs copied "
-                  f"{stats.get('outputs_copied')}; graph skip {g.compiled.graph_skip!r}", flush=True)
+                  f"{stats.get('outputs_copied')}; graph skip {g.compiled.graph_skip!r}, capture failure "
+                  f"{g.compiled.graph_failure!r}, use_graphs {g.compiled.use_graphs}", flush=True)
         print(f"  streamfuse.compile: graph instances {sf.stats.get('graph_instances')}, outputs copied "
               f"{sf.stats.get('outputs_copied')}", flush=True)
         if profile:
