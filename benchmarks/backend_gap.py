@@ -71,22 +71,18 @@ def runtime_calls(label: str, fn: Callable[[], Any], calls: int = 20) -> None:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    from streamfuse.profile.timeline import Interval, span, union_length
+
     api: dict[str, list[float]] = {}
-    kernels: list[tuple[float, float]] = []
+    kernels: list[Interval] = []
     for e in prof.events():
         name = e.name
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            kernels.append((e.time_range.start, e.time_range.end))
+            kernels.append(Interval(name, 0, e.time_range.start, e.time_range.end))
         elif name.startswith(("cuda", "cu")) and not name.startswith("cudaGetDevice"):
             api.setdefault(name, []).append(e.time_range.end - e.time_range.start)
-    kernels.sort()
-    busy = idle = 0.0
-    end = None
-    for s, e in kernels:
-        if end is not None and s > end:
-            idle += s - end
-        busy += max(0.0, e - max(s, end if end is not None else s))
-        end = e if end is None else max(end, e)
+    busy = union_length(kernels)
+    idle = span(kernels) - busy
     print(f"    {label}: GPU busy {busy / calls:.1f} µs per call, idle between kernels {idle / calls:.1f} µs "
           f"per call ({len(kernels) / calls:.0f} GPU activities per call)")
     for name, durations in sorted(api.items(), key=lambda kv: -sum(kv[1])):

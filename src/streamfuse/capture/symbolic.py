@@ -77,7 +77,8 @@ class SymbolicGraph:
         self._tensors: Callable[[Sequence[Any]], tuple[Any, ...]] | None = None
         """The arguments a plan is chosen by, and the tensor arguments (_positions, at the first call)."""
 
-    def _positions(self, args: list[Any]) -> None:
+    def _positions(self, args: list[Any]) -> tuple[Callable[[Sequence[Any]], tuple[Any, ...]],
+                                                    Callable[[Sequence[Any]], tuple[Any, ...]]]:
         """Which arguments choose the plan: the tensors whose placeholder has a symbolic size or
         stride, and every non-tensor argument (a SymInt's value). A tensor the graph holds at fixed
         sizes (every parameter and buffer) is guarded by Dynamo to keep its dtype, device, sizes and
@@ -92,13 +93,14 @@ class SymbolicGraph:
                  if not isinstance(a, torch.Tensor) or not isinstance(v, torch.Tensor) or _symbolic(v)]
         self._keyed = picker(keyed)
         self._tensors = picker([i for i, a in enumerate(args) if isinstance(a, torch.Tensor)])
+        return self._keyed, self._tensors
 
     def run_flat(self, args: list[Any]) -> list[Any]:
-        if self._keyed is None or self._tensors is None:
-            self._positions(args)
-            assert self._keyed is not None and self._tensors is not None
+        keyed, tensors = self._keyed, self._tensors
+        if keyed is None or tensors is None:
+            keyed, tensors = self._positions(args)
         key = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.device) if isinstance(a, torch.Tensor) else a
-                    for a in self._keyed(args))
+                    for a in keyed(args))
         plan = self.plans.get(key)
         if plan is None and self.built >= self.config.max_specializations_built:
             if self.overflow is None:
@@ -112,7 +114,7 @@ class SymbolicGraph:
                 self.plans.popitem(last=False)
         else:
             self.plans.move_to_end(key)
-        return plan.run_flat(list(self._tensors(args)))
+        return plan.run_flat(list(tensors(args)))
 
     def _specialize(self, args: list[Any]) -> Any:
         from torch.fx.experimental.proxy_tensor import make_fx

@@ -67,21 +67,21 @@ class SnapshotCache:
 
     def get(self, sources: tuple[torch.Tensor | None, ...], what: object, make: Callable[[], T]) -> T:
         """`make()` (which must read `sources` alone, at call time), computed once per sources."""
-        if self.has(sources, what):
-            return self._entries[self._key(sources, what)][1]  # type: ignore[no-any-return]
+        hit = self._hit(sources, what)
+        if hit is not None:
+            return hit[1]  # type: ignore[no-any-return]
         value = make()
-        self._entries[self._key(sources, what)] = (sources, value, make)
+        self._entries[(*(id(t) for t in sources), what)] = (sources, value, make)
         return value
 
     def has(self, sources: tuple[torch.Tensor | None, ...], what: object) -> bool:
         """Whether `get(sources, what, ...)` would return a snapshot already made (no new memory)."""
-        hit = self._entries.get(self._key(sources, what))
-        # the entry holds its sources, so their ids cannot be reused while it lives; `is` is a guard
-        return hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True))
+        return self._hit(sources, what) is not None
 
-    @staticmethod
-    def _key(sources: tuple[torch.Tensor | None, ...], what: object) -> tuple[object, ...]:
-        return (*(id(t) for t in sources), what)
+    def _hit(self, sources: tuple[torch.Tensor | None, ...], what: object) -> tuple[Any, ...] | None:
+        hit = self._entries.get((*(id(t) for t in sources), what))
+        # the entry holds its sources, so their ids cannot be reused while it lives; `is` is a guard
+        return hit if hit is not None and all(a is b for a, b in zip(hit[0], sources, strict=True)) else None
 
     def sources(self) -> list[torch.Tensor]:
         """Every distinct tensor a snapshot was computed from (to watch for in-place changes)."""
