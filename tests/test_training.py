@@ -448,3 +448,27 @@ def test_training_graphs_plan_training_max_streams(streams: int) -> None:
     streams_of = [c.base.schedule.streams for c in plans if hasattr(c, "base")]
     assert streams_of == [streams, streams, 3]  # forward, backward; then the no_grad call's graph
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_training_batch_norm_runs_cudnn_with_the_native_results() -> None:
+    """Training batch norm runs through a stand-in on CUDA (runtime/steps._batch_norm_functional):
+    cuDNN's kernels, with the native op's results in the same positions (the saved inverse std is what
+    the decomposed backward reads)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from streamfuse.runtime.steps import _batch_norm_functional
+
+    torch.manual_seed(0)
+    x = torch.randn(8, 16, 12, 12, device="cuda") * 3 + 1
+    w, b = torch.rand(16, device="cuda") + 0.5, torch.randn(16, device="cuda")
+    rm, rv = torch.randn(16, device="cuda"), torch.rand(16, device="cuda") + 0.5
+    ref = torch.ops.aten._native_batch_norm_legit_functional.default(x, w, b, rm, rv, True, 0.1, 1e-5)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ours = _batch_norm_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+        torch.cuda.synchronize()
+    assert len(ours) == len(ref) == 5
+    for got, want in zip(ours, ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    names = [e.name for e in prof.events()]
+    assert any("bn_fw" in n or "cudnn" in n.lower() for n in names), names

@@ -45,7 +45,7 @@ def _prepare(node: Node, slot: dict[Node, int]) -> _Call:
     nested = any(isinstance(a, (list, tuple)) and any(isinstance(x, Node) for x in _walk(a)) for a in args)
     nested |= any(any(isinstance(x, Node) for x in _walk(v)) for v in node.kwargs.values())
     target = node.target if node.target is not None else operator.getitem
-    target = _VIEWS_TOLERANT.get(target, target)
+    target = _STAND_INS.get(target, target)
     return _Call(target, args, dict(node.kwargs), patches, nested, node, slot[node])
 
 
@@ -59,8 +59,28 @@ def _view_or_reshape(x: torch.Tensor, size: Any) -> torch.Tensor:
         return x.reshape(size)
 
 
-_VIEWS_TOLERANT: dict[Any, Any] = {torch.ops.aten.view.default: _view_or_reshape,
-                                   torch.ops.aten._unsafe_view.default: _view_or_reshape}
+def _batch_norm_functional(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                           running_mean: torch.Tensor, running_var: torch.Tensor, training: bool, momentum: float,
+                           eps: float) -> tuple[torch.Tensor, ...]:
+    """aten._native_batch_norm_legit_functional (training-mode batch norm as AOTAutograd traces it) on
+    CUDA through aten._batch_norm_with_update_functional, which picks cuDNN where eager's batch norm
+    would: the traced op runs ATen's native kernels (statistics, a var_mean reduction, the transform:
+    5.0 ms of resnet50's batch-32 training step against cuDNN's 1.7 ms in eager, H100, session 50).
+    Same results in the same positions (output, saved mean, saved inverse std, new running mean and
+    variance); cuDNN's extra workspace result is dropped."""
+    if training and x.is_cuda:
+        out, mean, invstd, _, new_mean, new_var = torch.ops.aten._batch_norm_with_update_functional.default(
+            x, weight, bias, running_mean, running_var, momentum, eps)
+        return out, mean, invstd, new_mean, new_var
+    return torch.ops.aten._native_batch_norm_legit_functional.default(  # type: ignore[no-any-return]
+        x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+_STAND_INS: dict[Any, Any] = {torch.ops.aten.view.default: _view_or_reshape,
+                                   torch.ops.aten._unsafe_view.default: _view_or_reshape,
+                                   torch.ops.aten._native_batch_norm_legit_functional.default: _batch_norm_functional}
+"""Targets run through a stand-in with the same results: views that tolerate an ATen op's other
+strides, and training batch norm on cuDNN."""
 
 
 def _walk(value: Any) -> list[Any]:
