@@ -60,6 +60,13 @@ def row(label: str, fn: Callable[[], Any]) -> None:
           f"{loop_host_us(fn):8.1f} µs host (back to back)", flush=True)
 
 
+def graph_state(compiled: Any) -> str:
+    """Whether a bound plan replays a CUDA graph, and why not."""
+    stats = compiled.stats
+    return (f"graph instances {stats.get('graph_instances')}, outputs copied {stats.get('outputs_copied')}; graph "
+            f"skip {compiled.graph_skip!r}, capture failure {compiled.graph_failure!r}, use_graphs {compiled.use_graphs}")
+
+
 def runtime_calls(label: str, fn: Callable[[], Any], calls: int = 20) -> None:
     """CUDA runtime calls per call and the GPU's busy and idle time per call, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -135,12 +142,9 @@ def measure(name: str, dtype: torch.dtype, profile: bool, second_batch: bool) ->
                 continue
             dyn = g._dynamic_of(args)
             row(f"  graph {i}'s plan alone", lambda g=g, dyn=dyn: g.compiled(*dyn))
-            stats = g.compiled.stats
             print(f"    graph {i}: {len(g.static)} bound, {len(dyn)} dynamic argument(s); folded {g.folded}, weight "
                   f"folds {g.weight_folds}, live {g.live}, rebinds {g.rebinds}, unbound updates "
-                  f"{g.unbound_updates}; graph instances {stats.get('graph_instances')}, outputs copied "
-                  f"{stats.get('outputs_copied')}; graph skip {g.compiled.graph_skip!r}, capture failure "
-                  f"{g.compiled.graph_failure!r}, use_graphs {g.compiled.use_graphs}", flush=True)
+                  f"{g.unbound_updates}; {graph_state(g.compiled)}", flush=True)
         print(f"  streamfuse.compile: graph instances {sf.stats.get('graph_instances')}, outputs copied "
               f"{sf.stats.get('outputs_copied')}", flush=True)
         if profile:

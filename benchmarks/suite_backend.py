@@ -30,11 +30,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from backend_gap import graph_state, row  # the sibling script (this file's folder is on sys.path)
+
 import streamfuse
 from streamfuse.bench import runner
 from streamfuse.bench.models import model_workloads
 from streamfuse.capture.backend import StaticParamsGraph
-from streamfuse.profile.timing import capture_graph, host_us_per_call, time_cuda_us
+from streamfuse.profile.timing import capture_graph, host_us_per_call
 
 
 def python_us(n: int = 2000) -> float:
@@ -45,11 +47,10 @@ def python_us(n: int = 2000) -> float:
     best = float("inf")
     for _ in range(5):
         t = time.perf_counter()
-        acc = 0
         for i in range(n):
-            acc = f(i)
+            f(i)
         best = min(best, (time.perf_counter() - t) * 1e6)
-    return best + acc * 0
+    return best
 
 
 def probes(label: str) -> None:
@@ -79,16 +80,13 @@ def plans_run(fn: Callable[[], Any]) -> list[StaticParamsGraph]:
 
 def describe(fn: Callable[[], Any]) -> None:
     with torch.no_grad():
-        print(f"    again here: {time_cuda_us(fn, reps=50):7.1f} µs per call (events), host {host_us_per_call(fn):7.1f} "
-              f"µs (bursts)", flush=True)
+        row("again here", fn)
         for i, g in enumerate(plans_run(fn)):
-            c = g.compiled
-            if c is None:
+            if g.compiled is None:
                 print(f"    plan {i}: unbound ({g.reason})")
                 continue
-            print(f"    plan {i}: {len(g.static)} bound; graph instances {c.stats.get('graph_instances')}, outputs copied "
-                  f"{c.stats.get('outputs_copied')}, graph skip {c.graph_skip!r}, capture failure {c.graph_failure!r}, "
-                  f"use_graphs {c.use_graphs}, kernels {c.stats.get('kernels')}", flush=True)
+            print(f"    plan {i}: {len(g.static)} bound, kernels {g.compiled.stats.get('kernels')}; "
+                  f"{graph_state(g.compiled)}", flush=True)
 
 
 def main() -> int:
