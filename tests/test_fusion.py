@@ -60,10 +60,17 @@ def test_reductions_over_different_dims_are_refused_with_a_reason(config, device
     assert "different domains" in compiled.explain()
 
 
-def test_row_too_long_for_one_pass_runs_through_aten_with_reason(config, device) -> None:  # type: ignore[no-untyped-def]
+def test_row_too_long_for_registers_loops_one_reduction_per_kernel(config, device) -> None:  # type: ignore[no-untyped-def]
+    """A softmax over rows past max_persistent_reduction cannot run in one pass: its max and its sum
+    of exponentials become two looped reductions (the sum reads the max from memory), then the
+    division; with long_row_reduction=False they run through ATen, and the note says why."""
     cfg = config.replace(max_persistent_reduction=32)
     compiled = compile_and_check(lambda t: torch.softmax(t, -1), [randn(4, 64, device=device)], cfg)
-    notes = [g.note for g in compiled.plan.groups if g.kind is GroupKind.ATEN]
+    kinds = [g.kind for g in compiled.plan.groups]
+    assert GroupKind.ATEN not in kinds and kinds.count(GroupKind.REDUCTION) == 2, compiled.explain(source=False)
+    off = compile_and_check(lambda t: torch.softmax(t, -1), [randn(4, 64, device=device)],
+                            cfg.replace(long_row_reduction=False))
+    notes = [g.note for g in off.plan.groups if g.kind is GroupKind.ATEN]
     assert notes and all("max_persistent_reduction=32" in n for n in notes), notes
 
 

@@ -199,7 +199,7 @@ def test_few_columns_split_each_row_and_combine_in_order(config, device, shape, 
     stored on the way too; every call gives the same bits (no atomics on data), and the counters
     are reset for the next launch (the second call). On the CPU a 16-SM device keeps the
     interpreter's programs few; on the GPU, 6x the columns (768) and 4x the rows."""
-    from streamfuse.fusion.geometry import rows_contiguous_split
+    from streamfuse.fusion.geometry import looped_split
     from streamfuse.runtime import executable
 
     if device.type == "cpu":
@@ -215,7 +215,7 @@ def test_few_columns_split_each_row_and_combine_in_order(config, device, shape, 
     compiled = streamfuse.compile(fn, (x,), config)
     groups = [g for g in compiled.plan.groups if g.kind is GroupKind.REDUCTION]
     assert groups and all(g.rows_contiguous for g in groups)
-    assert all(rows_contiguous_split(g.domain, config, sm_count)[0] > 1 for g in groups)
+    assert all(looped_split(g.domain, config, sm_count, True)[0] > 1 for g in groups)
     first = compiled(x)
     for got, want in zip(first, fn(x), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -233,7 +233,7 @@ def test_layer_norm_and_bias_gradients_through_split_column_sums(config, device,
     from test_training import train_and_compare
 
     from streamfuse.capture.backend import compiled_graphs
-    from streamfuse.fusion.geometry import rows_contiguous_split
+    from streamfuse.fusion.geometry import looped_split
     from streamfuse.runtime import executable
 
     tokens, width = 300, 128
@@ -250,5 +250,5 @@ def test_layer_norm_and_bias_gradients_through_split_column_sums(config, device,
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 16
     plans = [getattr(g, "compiled", g) for g in compiled_graphs[first:] if g is not None]
     split = [grp for p in plans if hasattr(p, "plan") for grp in p.plan.groups
-             if grp.rows_contiguous and rows_contiguous_split(grp.domain, config, sm_count)[0] > 1]
+             if grp.rows_contiguous and looped_split(grp.domain, config, sm_count, True)[0] > 1]
     assert len(split) >= 2, [type(p).__name__ for p in plans]  # the layer norm's and the biases' gradients

@@ -114,8 +114,16 @@ class Config:
     reads are coalesced (fusion/geometry.walk_stored_order; convnext_tiny's layer-scale + residual
     kernels ran at 470-520 GB/s walked row-major on the H200, run 96)."""
     max_persistent_reduction: int = 16384
-    """Largest reduced extent (elements per row) kept in registers in one pass; larger
-    reductions run through ATen (recorded as a refusal)."""
+    """Largest reduced extent (elements per row) kept in registers in one pass. Longer rows take
+    the looped reduction where Config.long_row_reduction allows it and the kernel needs one pass
+    (sums, means, maxima and minima of values that need no reduction of the kernel:
+    fusion/geometry.loopable); otherwise they run through ATen (recorded as a refusal)."""
+    long_row_reduction: bool = True
+    """Rows longer than max_persistent_reduction (a training batch norm's sums over N, H and W in
+    its backward: 100,352 elements per channel in resnet50's first stage at batch 32) run as a
+    looped reduction with one row per program, split across programs where the rows alone do not
+    fill the GPU, with their prologue fused (the gradient and normalised input it multiplies) so
+    the full-size intermediates are not written out for ATen's sum to read. False: through ATen."""
     matmul_strategy: MatmulStrategy = "auto"
     """mm / addmm with a pointwise epilogue: "auto" lets the cost model (or, with profile_guided, a
     measurement) pick the Triton template with the epilogue fused or cuBLAS + one epilogue kernel;
@@ -202,7 +210,7 @@ class Config:
     """Where too few rows fill the GPU (a bias or layer-norm gradient's column sum over 768
     features), the looped reduction also splits each row: SPLIT programs share a row tile, each
     summing its slice, and the last to finish combines the partial results in split order
-    (deterministic; fusion/geometry.rows_contiguous_split). False: such reductions keep the
+    (deterministic; fusion/geometry.looped_split). False: such reductions keep the
     persistent template (run 106: GPT-2's 768-wide column sums took 20-27 µs each in it)."""
     matmul_max_shared_bytes: int = 227 * 1024
     """Shared-memory cap for the matmul template's staged tiles. The template buffers its operand

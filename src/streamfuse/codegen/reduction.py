@@ -4,7 +4,10 @@
   Config.max_persistent_reduction), the reductions computed by one tree reduction per row tile;
 - looped (Group.rows_contiguous): the rows lie next to each other in memory (a mean over H and W
   of a channels_last tensor, a column sum), so the threads run along BLOCK_M adjacent rows and each
-  program walks its rows' columns BLOCK_R at a time, accumulating elementwise.
+  program walks its rows' columns BLOCK_R at a time, accumulating elementwise;
+- looped over long rows (longer than Config.max_persistent_reduction, e.g. a batch-norm
+  backward's sums over N, H and W): the same template with one row per program and the threads
+  along the row (fusion/geometry.looped_launch).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from streamfuse.codegen.kernel import Emitter, KernelSource, needs_int64, store_cast, store_offset, store_strides
 from streamfuse.codegen.types import TL_DTYPE, compute_dtype
 from streamfuse.config import Config
-from streamfuse.fusion.geometry import loopable, reduction_launch, rows_contiguous_launch, rows_contiguous_split
+from streamfuse.fusion.geometry import long_rows, loopable, looped_launch, looped_split, reduction_launch
 from streamfuse.fusion.groups import Group, ReductionDomain
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import ZERO, Expr, Index, delinearize
@@ -25,7 +28,7 @@ from streamfuse.ir.ops import OpKind, packet_name
 
 def generate_reduction(group: Group, dom: ReductionDomain, config: Config, target: str,
                         sm_count: int, pdl: bool) -> KernelSource:
-    if group.rows_contiguous and loopable(group):
+    if (group.rows_contiguous or long_rows(dom, config)) and loopable(group):
         return _generate_looped_reduction(group, dom, config, target, sm_count, pdl)
     m, r = dom.rows, dom.row_size
     block_m, block_r, num_warps = reduction_launch(dom, config, sm_count, group.split)
@@ -87,15 +90,15 @@ def _generate_looped_reduction(group: Group, dom: ReductionDomain, config: Confi
     in a [BLOCK_M, BLOCK_R] tile and storing the outputs of the domain's shape as it goes; after the
     loop each tile is reduced along its columns and the row outputs are computed and stored.
 
-    With SPLIT > 1 (fusion/geometry.rows_contiguous_split: too few row tiles to fill the GPU), SPLIT
+    With SPLIT > 1 (fusion/geometry.looped_split: too few row tiles to fill the GPU), SPLIT
     programs share a row tile, each walking CHUNK columns of it; each writes its reduced values to a
     workspace and bumps the tile's counter (a release atomic after a barrier, as the matmul
     template's split-K); the program that finds the counter at SPLIT - 1 combines the partial values
     in split order (results do not depend on which program finishes last), resets the counter for
     the next launch, and computes and stores the row outputs."""
     m, r = dom.rows, dom.row_size
-    block_m, block_r, num_warps = rows_contiguous_launch(dom, config, sm_count)
-    split, chunk = rows_contiguous_split(dom, config, sm_count)
+    block_m, block_r, num_warps = looped_launch(dom, config, sm_count, group.rows_contiguous)
+    split, chunk = looped_split(dom, config, sm_count, group.rows_contiguous)
     tiles = math.ceil(m / block_m)
     pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, m * r) else "tl.program_id(0)"
     em = Emitter(group, target, masks={frozenset({"rows"}): "rmask", frozenset({"cols"}): "cmask",

@@ -17,6 +17,7 @@ allocator often does better on pointwise code; it is an upper-side estimate used
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from streamfuse.config import Config
@@ -108,9 +109,32 @@ def rows_contiguous_launch(dom: ReductionDomain, config: Config, sm_count: int) 
     return block_m, block_r, num_warps
 
 
+LOOP_TILE = 2048
+"""Elements of the looped reduction's [BLOCK_M, BLOCK_R] tile per step of its loop."""
+
+
 def _rows_step(row_size: int, block_m: int) -> int:
-    """BLOCK_R of the rows-contiguous reduction: a tile of about 2048 elements per step."""
-    return max(1, min(next_pow2(row_size), 2048 // block_m))
+    """BLOCK_R of the rows-contiguous reduction: a tile of about LOOP_TILE elements per step."""
+    return max(1, min(next_pow2(row_size), LOOP_TILE // block_m))
+
+
+def long_rows(dom: ReductionDomain, config: Config) -> bool:
+    """Rows longer than Config.max_persistent_reduction: too long for registers, they take the
+    looped reduction (or ATen, where the group cannot run in one pass: `loopable`)."""
+    return dom.row_size > config.max_persistent_reduction
+
+
+def looped_launch(dom: ReductionDomain, config: Config, sm_count: int,
+                  rows_contiguous: bool) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_R, num_warps) of the looped reduction: `rows_contiguous_launch` where the
+    rows lie next to each other in memory; otherwise (a long row, Config.max_persistent_reduction:
+    the sums over N, H and W of a batch-norm backward, a loss's mean over every element) one row per
+    program with the threads along it, LOOP_TILE elements per step at reduction_elems_per_thread."""
+    if rows_contiguous:
+        return rows_contiguous_launch(dom, config, sm_count)
+    block_r = min(next_pow2(dom.row_size), LOOP_TILE)
+    warps = max(1, min(config.reduction_max_warps, block_r // (WARP_SIZE * config.reduction_elems_per_thread)))
+    return 1, block_r, warps
 
 
 def fills_rows_contiguous(dom: ReductionDomain, config: Config, sm_count: int) -> bool:
@@ -123,12 +147,12 @@ def fills_rows_contiguous(dom: ReductionDomain, config: Config, sm_count: int) -
         >= config.grid_min_waves * sm_count
 
 
-def rows_contiguous_split(dom: ReductionDomain, config: Config, sm_count: int) -> tuple[int, int]:
-    """(SPLIT, CHUNK) of the looped reduction: SPLIT programs per row tile, each summing CHUNK of
-    the row (a multiple of BLOCK_R), where the row tiles alone give fewer than `grid_min_waves`
-    programs per SM; (1, row size) otherwise. Splits are as many as fill the GPU, rounded so that
-    every slice is a whole number of steps (more slices rather than fewer)."""
-    block_m, block_r, _ = rows_contiguous_launch(dom, config, sm_count)
+def looped_split(dom: ReductionDomain, config: Config, sm_count: int, rows_contiguous: bool) -> tuple[int, int]:
+    """(SPLIT, CHUNK) of the looped reduction (`looped_launch`): SPLIT programs per row tile, each
+    summing CHUNK of the row (a multiple of BLOCK_R), where the row tiles alone give fewer than
+    `grid_min_waves` programs per SM; (1, row size) otherwise. Splits are as many as fill the GPU,
+    rounded so that every slice is a whole number of steps (more slices rather than fewer)."""
+    block_m, block_r, _ = looped_launch(dom, config, sm_count, rows_contiguous)
     tiles, steps = math.ceil(dom.rows / block_m), math.ceil(dom.row_size / block_r)
     target = config.grid_min_waves * sm_count
     if not config.reduction_row_split or tiles >= target or steps < 2:
@@ -145,18 +169,21 @@ def loopable(group: Group) -> bool:
     """The looped reduction can run `group` in one pass over each row: every reduction is a sum,
     mean, max or min of values that need no reduction of the group, and no output of the domain's
     shape needs one either (a row's reduced value exists only after the loop)."""
-    reductions = [n for n in group.nodes if n.kind is OpKind.REDUCTION]
+    return group.domain is not None and one_pass(group.nodes, group.outputs, group.domain)
+
+
+def one_pass(nodes: Sequence[Node], outputs: Iterable[Node], dom: ReductionDomain) -> bool:
+    """`loopable` for a kernel's (topologically ordered) nodes and outputs over domain `dom`."""
+    reductions = [n for n in nodes if n.kind is OpKind.REDUCTION]
     if not reductions or any(packet_name(n.op) not in LOOPED_REDUCTIONS or n.dtype is None or not n.dtype.is_floating_point
                              for n in reductions):
         return False
-    members = set(group.nodes)
+    members = set(nodes)
     after: set[Node] = set()  # members computed from a reduction of the group
-    for n in group.nodes:
+    for n in nodes:
         if any(a in after or (a in members and a.kind is OpKind.REDUCTION) for a in n.input_nodes()):
             after.add(n)
-    dom = group.domain
-    return dom is not None and not any(
-        n.args[0] in after for n in reductions) and not any(o in after for o in group.outputs if o.shape == dom.shape)
+    return not any(n.args[0] in after for n in reductions) and not any(o in after for o in outputs if o.shape == dom.shape)
 
 
 SPLITS = (1, 2, 4)
@@ -188,7 +215,8 @@ def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tu
              matmul_tile: tuple[int, int, int, int, int] | None = None, itemsize: int = 4,
              split: int = 1, rows_contiguous: bool = False, branched: frozenset[Node] = frozenset()) -> Resources:
     """Estimated resources of a generated kernel (see the module docstring for the model);
-    `rows_contiguous`: the looped reduction (Group.rows_contiguous), whose accumulators are live too;
+    `rows_contiguous`: the looped reduction (Group.rows_contiguous; rows longer than
+    Config.max_persistent_reduction loop too), whose accumulators are live too;
     `branched`: inputs read only in a cat's branches (`branched_inputs`), counted as two of them."""
     live = [n for n in inputs if n not in branched]
     if len(live) < len(inputs):
@@ -203,11 +231,12 @@ def estimate(kind: GroupKind, inputs: list[Node], outputs: list[Node], shape: tu
         shared = stages * (bm * bk + bk * bn) * itemsize
     elif kind is GroupKind.REDUCTION:
         assert domain is not None
-        block_m, block_r, warps = (rows_contiguous_launch(domain, config, sm_count) if rows_contiguous
+        looped = rows_contiguous or long_rows(domain, config)
+        block_m, block_r, warps = (looped_launch(domain, config, sm_count, rows_contiguous) if looped
                                    else reduction_launch(domain, config, sm_count, split))
         threads = warps * WARP_SIZE
         per_thread = max(1, block_m * block_r // threads)
-        regs = args + per_thread * (len(inputs) + reductions * (2 if rows_contiguous else 1) + 1)
+        regs = args + per_thread * (len(inputs) + reductions * (2 if looped else 1) + 1)
         shared = 4 * block_m * warps * reductions  # cross-warp partial results
     else:
         block, warps = pointwise_launch(math.prod(shape), config, split)

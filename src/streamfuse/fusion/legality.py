@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from streamfuse.config import Config
+from streamfuse.fusion.geometry import LOOPED_REDUCTIONS, long_rows, one_pass
 from streamfuse.fusion.groups import GroupKind, ReductionDomain
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import concat_parts, permutation, squeeze_equal
@@ -104,9 +105,10 @@ def node_refusal(node: Node, config: Config) -> str | None:
             # a copy of one element: its row tile would be a scalar load and store, which the reduction
             # template does not shape (x[1].sum(0) failed to compile: found by tests/test_fuzz.py)
             return "a reduction over a single element runs through ATen"
-        if dom.row_size > config.max_persistent_reduction:
+        if long_rows(dom, config) and not (config.long_row_reduction and packet_name(node.op) in LOOPED_REDUCTIONS):
             return (f"reduced extent {dom.row_size} exceeds max_persistent_reduction="
-                    f"{config.max_persistent_reduction} (looped reductions are not generated yet)")
+                    f"{config.max_persistent_reduction} and only a sum, mean, amax or amin loops over longer rows"
+                    + ("" if config.long_row_reduction else " (long_row_reduction=False)"))
         if packet_name(node.op) in ("sum", "mean") and node.kwargs.get("dtype") not in (None, node.dtype):
             return "reduction with a dtype argument that differs from its result runs through ATen"
     return None
@@ -154,6 +156,9 @@ def check_group(nodes: list[Node], graph_outputs: set[Node], config: Config) -> 
     reason = _check_reduction_levels(nodes, members, outputs, dom)
     if reason is not None:
         return reason
+    if long_rows(dom, config) and not one_pass(nodes, outputs, dom):
+        return (f"rows of {dom.row_size} elements (over max_persistent_reduction={config.max_persistent_reduction}) "
+                "loop in one pass: no value of the kernel may need one of its reductions first")
     return KernelShape(GroupKind.REDUCTION, inputs, outputs, domain=dom)
 
 

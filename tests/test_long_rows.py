@@ -1,0 +1,139 @@
+"""Reductions over rows longer than Config.max_persistent_reduction (fusion/geometry.looped_launch):
+one row per program with the threads along it, split across programs where the rows alone do not
+fill the GPU, the prologue fused. A training batch norm's backward sums over N, H and W are the
+case that matters (resnet50 at batch 32: 100,352 elements per channel); before, they ran as ATen
+sums reading full-size intermediates that a pointwise kernel had written out for them.
+
+On the CPU a small max_persistent_reduction makes short rows "long" (Triton's interpreter runs them)
+and a 16-SM device keeps the splits few; on the GPU the default limit and rows past it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import streamfuse
+from streamfuse.config import Config
+from streamfuse.fusion.geometry import long_rows, looped_split
+from streamfuse.fusion.groups import GroupKind
+from streamfuse.fusion.legality import reduction_domain
+from streamfuse.ir.ops import OpKind
+
+
+def _setup(config: Config, device: torch.device, monkeypatch: pytest.MonkeyPatch) -> tuple[Config, int, int]:
+    """(config, sm count, scale of the spatial sizes) for this device."""
+    from streamfuse.runtime import executable
+
+    if device.type == "cpu":
+        monkeypatch.setattr(executable, "DEFAULT_SM_COUNT", 16)
+        return config.replace(max_persistent_reduction=256), 16, 1
+    return config, torch.cuda.get_device_properties(device).multi_processor_count, 5  # rows past 16384
+
+
+def _fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (x.sum(), (x * x).mean((0, 2, 3)), (x - 0.5).amax((0, 2, 3), keepdim=True),
+            x.amin((0, 2, 3)), x.sum((2, 3)), x * 2.0)
+
+
+def test_long_rows_loop_split_and_match_eager(config: Config, device: torch.device,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A total sum, per-channel means/maxima/minima over N, H and W, and a sum over H and W, all
+    past the persistent limit: each runs as a generated looped reduction (no ATen sum), at least one
+    of them split across programs; results match eager, and a second call gives the same bits (the
+    split's partial sums combine in order; its counters were reset)."""
+    config, sm_count, scale = _setup(config, device, monkeypatch)
+    x = torch.randn(3, 5, 17 * scale, 19 * scale, device=device)
+    compiled = streamfuse.compile(_fn, (x,), config)
+    groups = compiled.plan.groups
+    assert not [g.name for g in groups if g.kind is GroupKind.ATEN], compiled.explain(source=False)
+    long = [g for g in groups if g.kind is GroupKind.REDUCTION and long_rows(g.domain, config)]
+    assert len(long) >= 2, compiled.explain(source=False)
+    assert any(looped_split(g.domain, config, sm_count, g.rows_contiguous)[0] > 1 for g in long)
+    first = compiled(x)
+    for got, want in zip(first, _fn(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+    for a, b in zip(first, compiled(x), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_long_rows_in_half_precision_accumulate_in_float32(config: Config, device: torch.device,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 inputs: the loop accumulates in float32, so a sum over thousands of elements keeps
+    float32's accuracy before the one rounding of the result."""
+    config, _, scale = _setup(config, device, monkeypatch)
+    x = torch.rand(4, 3, 16 * scale, 16 * scale, device=device).to(torch.bfloat16)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return (t * 1.5).sum((0, 2, 3))
+
+    compiled = streamfuse.compile(fn, (x,), config)
+    (group,) = compiled.plan.groups
+    assert group.kind is GroupKind.REDUCTION and long_rows(group.domain, config)
+    want = (x.float() * 1.5).sum((0, 2, 3))
+    torch.testing.assert_close(compiled(x).float(), want, rtol=8e-3, atol=0)
+
+
+def test_long_rows_that_need_two_passes_stay_on_aten_with_a_reason(config: Config, device: torch.device,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variance over long rows needs its mean first: it runs through ATen, and explain() says why;
+    with long_row_reduction=False a sum does too. Results match eager either way."""
+    config, _, scale = _setup(config, device, monkeypatch)
+    x = torch.randn(3, 5, 17 * scale, 19 * scale, device=device)
+
+    def var(t: torch.Tensor) -> torch.Tensor:
+        return torch.var(t, dim=(0, 2, 3)) + 1.0
+
+    compiled = streamfuse.compile(var, (x,), config)
+    (red,) = [n for n in compiled.plan.graph.nodes if n.kind is OpKind.REDUCTION]
+    assert long_rows(reduction_domain(red), config)
+    assert "only a sum, mean, amax or amin loops over longer rows" in compiled.explain(source=False)
+    torch.testing.assert_close(compiled(x), var(x), rtol=1e-4, atol=1e-4)
+    off = streamfuse.compile(_fn, (x,), config.replace(long_row_reduction=False))
+    assert "long_row_reduction=False" in off.explain(source=False)
+    assert not [g for g in off.plan.groups if g.kind is GroupKind.REDUCTION and long_rows(g.domain, config)]
+    for got, want in zip(off(x), _fn(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+class _ConvBn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 6, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return self.bn2(self.conv2(y)) + y[:, :6]
+
+
+@pytest.mark.parametrize("executor", ["reference", "triton"])
+def test_batch_norm_backward_sums_loop_and_train_like_eager(config: Config, device: torch.device, executor: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Training a conv/batch-norm/ReLU net through the backend, the backward's per-channel sums over
+    N, H and W are past the persistent limit: they run as generated looped reductions with the
+    gradient's prologue fused (no ATen sum in the backward), and loss, every gradient, parameter and
+    running statistic match eager over three SGD steps. The limit is lowered on the GPU too: with
+    rows past 16384 the summation order alone moves the third step's gradients past the tolerance
+    (run 195: 2e-5 absolute through the reference executor, whose sums are torch's)."""
+    from test_training import train_and_compare
+
+    from streamfuse.capture.backend import compiled_graphs
+
+    config, _, _ = _setup(config, device, monkeypatch)
+    config = config.replace(max_persistent_reduction=256)
+    torch.manual_seed(0)
+    model = _ConvBn().to(device)
+    gen = torch.Generator().manual_seed(5)
+    side = 16
+    batches = [(torch.randn(4, 3, side, side, generator=gen).to(device),) for _ in range(3)]
+    first = len(compiled_graphs)
+    train_and_compare(model, batches, lambda m, x: m(x).square().mean(), config.replace(executor=executor))
+    plans = [getattr(g, "compiled", g) for g in compiled_graphs[first:] if g is not None]
+    groups = [grp for p in plans if hasattr(p, "plan") for grp in p.plan.groups]
+    sums = [g for g in groups if g.kind is GroupKind.ATEN and any("sum" in str(n.op) for n in g.nodes)]
+    assert not sums, [g.name for g in sums]
+    long = [g for g in groups if g.kind is GroupKind.REDUCTION and long_rows(g.domain, config)]
+    assert len(long) >= 2 and any(len(g.nodes) > 2 for g in long), [g.name for g in long]
