@@ -137,3 +137,51 @@ def test_batch_norm_backward_sums_loop_and_train_like_eager(config: Config, devi
     assert not sums, [g.name for g in sums]
     long = [g for g in groups if g.kind is GroupKind.REDUCTION and long_rows(g.domain, config)]
     assert len(long) >= 2 and any(len(g.nodes) > 2 for g in long), [g.name for g in long]
+
+
+def _bn_sums(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch norm's backward sums with nothing producing the gradient in the graph (the batch norm
+    before a residual add): two reductions joined only by reading `g`."""
+    return g.sum((0, 2, 3)), (g * (x - mean[None, :, None, None])).sum((0, 2, 3))
+
+
+@pytest.mark.parametrize("long", [True, False])
+def test_sibling_reductions_reading_one_input_share_a_kernel(config: Config, device: torch.device, long: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two reductions over one domain that read the same input and depend on each other in neither
+    direction run as one kernel (Config.sibling_reductions), looped over long rows or persistent over
+    short ones; with the option off, two. Results match eager either way."""
+    config, _, scale = _setup(config, device, monkeypatch)
+    side = 16 * scale if long else 6
+    g, x = (torch.randn(4, 6, side, side, device=device) for _ in range(2))
+    mean = torch.randn(6, device=device)
+    counts = {}
+    for sibling in (True, False):
+        compiled = streamfuse.compile(_bn_sums, (g, x, mean), config.replace(sibling_reductions=sibling))
+        reductions = [grp for grp in compiled.plan.groups if grp.kind is GroupKind.REDUCTION]
+        assert all(long_rows(grp.domain, config) is long for grp in reductions)
+        counts[sibling] = len(reductions)
+        for got, want in zip(compiled(g, x, mean), _bn_sums(g, x, mean), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+    assert counts == {True: 1, False: 2}
+
+
+def test_split_is_capped_and_still_sums_every_slice(config: Config, device: torch.device,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row of 51 M elements would take hundreds of programs to fill the GPU; the split stops at
+    Config.reduction_max_split (the combine is unrolled over the splits), each program summing a
+    longer slice. A small cap on a small row: every slice is still summed once."""
+    from streamfuse.fusion.groups import ReductionDomain
+
+    assert looped_split(ReductionDomain((51_463_168,), (0,)), Config(), 132, False)[0] == 64
+    config, sm_count, _ = _setup(config, device, monkeypatch)
+    config = config.replace(reduction_max_split=3)
+    x = torch.randn(4, 5000, device=device)  # rows past the limit on either device, in 10 steps of 2048
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        return t.sum((0, 1)) * 1.0
+
+    compiled = streamfuse.compile(fn, (x,), config)
+    (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.REDUCTION]
+    assert long_rows(group.domain, config) and looped_split(group.domain, config, sm_count, False)[0] == 3
+    torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-3)

@@ -118,6 +118,11 @@ class Config:
     the looped reduction where Config.long_row_reduction allows it and the kernel needs one pass
     (sums, means, maxima and minima of values that need no reduction of the kernel:
     fusion/geometry.loopable); otherwise they run through ATen (recorded as a refusal)."""
+    sibling_reductions: bool = True
+    """After producer/consumer merging, reductions over one domain that read the same full-size
+    input and depend on each other in neither direction merge into one kernel, which reads the
+    input once (a batch norm's backward sums of the gradient and of the gradient times the centred
+    input; fusion/planner._merge_sibling_reductions). False: each keeps its own kernel."""
     long_row_reduction: bool = True
     """Rows longer than max_persistent_reduction (a training batch norm's sums over N, H and W in
     its backward: 100,352 elements per channel in resnet50's first stage at batch 32) run as a
@@ -212,6 +217,11 @@ class Config:
     summing its slice, and the last to finish combines the partial results in split order
     (deterministic; fusion/geometry.looped_split). False: such reductions keep the
     persistent template (run 106: GPT-2's 768-wide column sums took 20-27 µs each in it)."""
+    reduction_max_split: int = 64
+    """Most programs sharing one row tile of the split looped reduction. The last of them combines
+    the partial results in a loop unrolled over the splits. A 51 M-element mean split 265 ways (two
+    waves of the H100's SMs; one row) gave no result within two minutes in run 202, where a split of
+    38 had compiled and run in seconds; the unrolled combine is the likely cause (not confirmed)."""
     matmul_max_shared_bytes: int = 227 * 1024
     """Shared-memory cap for the matmul template's staged tiles. The template buffers its operand
     tiles in shared memory by design and opts in to the device maximum (as cuBLAS does); the 48 KB
@@ -419,6 +429,7 @@ class Config:
             "reduction_short_row_elems_per_thread": self.reduction_short_row_elems_per_thread,
             "reduction_small_grid_elems_per_thread": self.reduction_small_grid_elems_per_thread,
             "reduction_max_warps": self.reduction_max_warps,
+            "reduction_max_split": self.reduction_max_split,
             "max_streams": self.max_streams,
             "training_max_streams": self.training_max_streams,
             "max_graphs": self.max_graphs,

@@ -151,14 +151,15 @@ def looped_split(dom: ReductionDomain, config: Config, sm_count: int, rows_conti
     """(SPLIT, CHUNK) of the looped reduction (`looped_launch`): SPLIT programs per row tile, each
     summing CHUNK of the row (a multiple of BLOCK_R), where the row tiles alone give fewer than
     `grid_min_waves` programs per SM; (1, row size) otherwise. Splits are as many as fill the GPU,
-    rounded so that every slice is a whole number of steps (more slices rather than fewer)."""
+    rounded so that every slice is a whole number of steps (more slices rather than fewer), and at
+    most Config.reduction_max_split (the last program's combine is unrolled over the splits)."""
     block_m, block_r, _ = looped_launch(dom, config, sm_count, rows_contiguous)
     tiles, steps = math.ceil(dom.rows / block_m), math.ceil(dom.row_size / block_r)
     target = config.grid_min_waves * sm_count
     if not config.reduction_row_split or tiles >= target or steps < 2:
         return 1, dom.row_size
-    chunk = max(1, steps // min(steps, math.ceil(target / tiles))) * block_r
-    return math.ceil(dom.row_size / chunk), chunk
+    chunk = max(1, steps // min(steps, math.ceil(target / tiles)), math.ceil(steps / config.reduction_max_split))
+    return math.ceil(steps / chunk), chunk * block_r
 
 
 LOOPED_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin"})

@@ -67,6 +67,8 @@ def plan_fusion(graph: Graph, config: Config, choices: Mapping[Node, MatmulChoic
                 state.merge(state.group_of[p], state.group_of[c], split=verdict)
                 merges += 1
                 changed = True
+    if config.fuse and config.sibling_reductions:
+        merges += _merge_sibling_reductions(state, outputs, config)
 
     refusals = []
     for p, c in edges:
@@ -159,6 +161,11 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
     if via is not None:
         first = state.members[via][0]
         return f"merging would create a cycle through the group of %{first.name}"
+    return _union_verdict(state, gp, gc, outputs, config)
+
+
+def _union_verdict(state: _Partition, gp: int, gc: int, outputs: set[Node], config: Config) -> str | int:
+    """Why groups gp and gc (no cycle between them) cannot be one kernel, or the split they merge with."""
     union = sorted(state.members[gp] + state.members[gc], key=state.position.__getitem__)
     result = check_group(union, outputs, config)
     if isinstance(result, str):
@@ -188,6 +195,48 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
         if reason is None:
             return split
     return f"resources: {reason}"
+
+
+def _merge_sibling_reductions(state: _Partition, outputs: set[Node], config: Config) -> int:
+    """Merge reduction groups over one domain that read the same full-size input and depend on
+    each other in neither direction (Config.sibling_reductions): a batch norm's backward sums the
+    gradient and the gradient times the centred input per channel, two kernels that each read the
+    gradient when no producer joins them (the batch norm before a residual add; run 199: 96.7 µs for
+    resnet50's first stage at batch 32 in two kernels against Inductor's 69.8 in one). Larger shared
+    inputs first; returns the merges made."""
+    shapes = {g: check_group(m, outputs, config) for g, m in state.members.items()}
+    readers: dict[Node, list[int]] = {}
+    for g, shape in shapes.items():
+        if isinstance(shape, KernelShape) and shape.kind is GroupKind.REDUCTION and shape.domain is not None:
+            for x in shape.inputs:
+                if x.shape == shape.domain.shape:
+                    readers.setdefault(x, []).append(g)
+    merges = 0
+    for x in sorted(readers, key=lambda n: (-n.numel * n.itemsize, state.position[n])):
+        alive = [g for g in readers[x] if g in state.members]
+        while len(alive) > 1:
+            a, rest = alive[0], []
+            for b in alive[1:]:
+                verdict = _sibling_verdict(state, a, b, outputs, config)
+                if isinstance(verdict, str):
+                    rest.append(b)
+                else:
+                    state.merge(a, b, split=verdict)
+                    merges += 1
+            alive = rest
+    return merges
+
+
+def _sibling_verdict(state: _Partition, a: int, b: int, outputs: set[Node], config: Config) -> str | int:
+    """`_union_verdict` for two groups with no edge between them, or why not (a path either way)."""
+    for src, dst in ((a, b), (b, a)):
+        if dst in state.successors(src) or state.path_through_other(src, dst) is not None:
+            return "one depends on the other"
+    union = sorted(state.members[a] + state.members[b], key=state.position.__getitem__)
+    shape = check_group(union, outputs, config)
+    if isinstance(shape, str) or shape.kind is not GroupKind.REDUCTION:
+        return shape if isinstance(shape, str) else "not one reduction"
+    return _union_verdict(state, a, b, outputs, config)
 
 
 def _resources(shape: KernelShape, config: Config, sm_count: int, split: int, nodes: list[Node]) -> Resources:
