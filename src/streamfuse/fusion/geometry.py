@@ -128,7 +128,7 @@ def looped_launch(dom: ReductionDomain, config: Config, sm_count: int,
                   rows_contiguous: bool) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_R, num_warps) of the looped reduction: `rows_contiguous_launch` where the
     rows lie next to each other in memory; otherwise (a long row, Config.max_persistent_reduction:
-    the sums over N, H and W of a batch-norm backward, a loss's mean over every element) one row per
+    the sums over N, H and W of a batch-norm backward, a sum over every element of a large tensor) one row per
     program with the threads along it, LOOP_TILE elements per step at reduction_elems_per_thread."""
     if rows_contiguous:
         return rows_contiguous_launch(dom, config, sm_count)
