@@ -30,6 +30,8 @@ def generate_reduction(group: Group, dom: ReductionDomain, config: Config, targe
                         sm_count: int, pdl: bool) -> KernelSource:
     if (group.rows_contiguous or long_rows(dom, config)) and loopable(group):
         return _generate_looped_reduction(group, dom, config, target, sm_count, pdl)
+    # legality refuses a kernel over long rows that cannot loop in one pass (fusion/legality.check_group)
+    assert not long_rows(dom, config), f"rows of {dom.row_size} elements need the looped template"
     m, r = dom.rows, dom.row_size
     block_m, block_r, num_warps = reduction_launch(dom, config, sm_count, group.split)
     pid = "tl.program_id(0).to(tl.int64)" if needs_int64(group, m * r) else "tl.program_id(0)"
