@@ -16,6 +16,8 @@ GeneratorError: a bug here), and a failure prints the program itself, a ready-ma
 Profiles:
 - CI (default): `test_fuzz[family]`, 6 families, 530 programs, derandomized, ~5 minutes on 2 CPU
   cores (Triton's interpreter; on a CUDA machine the same programs run on the GPU).
+- long rows (CI): `test_fuzz_long_rows`, the reductions and mixed families (100 programs, ~1.5 minutes)
+  with Config.max_persistent_reduction=8, so nearly every reduction takes the looped template or ATen.
 - long: `pytest tests/test_fuzz.py --fuzz-examples=2000` (programs per family, any machine), and
   `pytest -m gpu -k fuzz` on the device machine (`test_fuzz_long_on_gpu`: compiled kernels on CUDA,
   larger shapes: several programs per kernel, long rows, real matmul tiles).
@@ -324,6 +326,17 @@ def test_fuzz(family: str, config: Config, device: torch.device, request: pytest
 def test_fuzz_long_on_gpu(family: str, config: Config, request: pytest.FixtureRequest) -> None:
     """The long profile: compiled kernels on CUDA, larger shapes (several programs per kernel, long rows)."""
     _run(family, _examples(request, GPU_EXAMPLES), config, "cuda", LARGE)
+
+
+LONG_ROW_FAMILIES = {"reductions": 60, "mixed": 40}
+
+
+@pytest.mark.parametrize("family", sorted(LONG_ROW_FAMILIES))
+def test_fuzz_long_rows(family: str, config: Config, device: torch.device, request: pytest.FixtureRequest) -> None:
+    """Every row past 8 elements "long" (Config.max_persistent_reduction=8): reductions take the looped
+    template where one pass can run them (split, sibling merges, a max and a sum of exponentials in
+    two kernels) and ATen where not (a variance), through both entry points and the backward."""
+    _run(family, _examples(request, LONG_ROW_FAMILIES[family]), config.replace(max_persistent_reduction=8), device)
 
 
 REPLAY_FAMILIES = {"views": 25, "indexing": 20, "mixed": 25, "reductions": 20}
