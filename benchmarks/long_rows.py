@@ -77,9 +77,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("long_rows.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    from reduction_tiles import timed_cell
+
     import streamfuse
     from streamfuse.fusion import geometry
-    from streamfuse.profile.timing import time_graph_us
 
     words = [w for w in args.only.split(",") if w]
     workloads = {k: v for k, v in WORKLOADS.items() if not words or any(w in k for w in words)}
@@ -108,21 +109,15 @@ def main() -> int:
             fields = {k: v for k, v in settings.items() if k != "tile"}
             try:
                 compiled = streamfuse.compile(fn, inputs, streamfuse.Config(cuda_graphs=False, **fields))
-                err = close(compiled(*inputs))
-                if err > 1e-4:
-                    cells.append(f"wrong ({err:.1e})")
-                    continue
-                us = time_graph_us(lambda c=compiled, x=inputs: c(*x), calls=10, reps=args.reps)
                 tiles = [f"{s.constexprs['BLOCK_R']},{s.num_warps}w,{s.grid[1] if len(s.grid) > 1 else 1}"
                          for s in compiled.sources.values() if "BLOCK_R" in s.constexprs and s.constexprs["BLOCK_M"] == 1]
-                cells.append(f"{us:7.1f} ({nbytes / us / 1e3:5.0f}) [{';'.join(tiles)}]")
+                cells.append(timed_cell(lambda c=compiled, x=inputs: c(*x), close(compiled(*inputs)), 1e-4, nbytes,
+                                        args.reps, ";".join(tiles)))
             finally:
                 geometry.LOOP_TILE = default_tile
         torch._dynamo.reset()
         ind = torch.compile(fn)
-        err = close(ind(*inputs))
-        us = time_graph_us(lambda c=ind, x=inputs: c(*x), calls=10, reps=args.reps)
-        cells.append(f"{us:7.1f} ({nbytes / us / 1e3:5.0f})" if err <= 1e-4 else f"wrong ({err:.1e})")
+        cells.append(timed_cell(lambda c=ind, x=inputs: c(*x), close(ind(*inputs)), 1e-4, nbytes, args.reps))
         print(f"{name:44s}" + "".join(f"{c:>26s}" for c in cells), flush=True)
     return 0
 

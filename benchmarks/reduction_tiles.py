@@ -68,6 +68,17 @@ WORKLOADS: dict[str, tuple[Callable[..., torch.Tensor], tuple]] = {
 }
 
 
+def timed_cell(call: Callable[[], object], err: float, tolerance: float, nbytes: int, reps: int, extra: str = "") -> str:
+    """One table cell: "µs (GB/s) [extra]" of `call` replayed from a CUDA graph, or "wrong (err)"
+    where its relative error against eager exceeds `tolerance` (untimed)."""
+    from streamfuse.profile.timing import time_graph_us
+
+    if err > tolerance:
+        return f"wrong ({err:.1e})"
+    us = time_graph_us(call, calls=10, reps=reps)
+    return f"{us:7.1f} ({nbytes / us / 1e3:5.0f})" + (f" [{extra}]" if extra else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--elems", default="2,4,8,16,32", help="reduction_elems_per_thread values, comma-separated")
@@ -80,7 +91,6 @@ def main() -> int:
         print("reduction_tiles.py needs a CUDA GPU", file=sys.stderr)
         return 2
     import streamfuse
-    from streamfuse.profile.timing import time_graph_us
 
     if args.grid:
         pairs = [tuple(int(v) for v in p.split(":")) for p in args.grid.split(",")]
@@ -105,19 +115,14 @@ def main() -> int:
             compiled = streamfuse.compile(fn, inputs, config)
             got = compiled(*inputs)
             err = float((got - want).abs().max() / want.abs().max())
-            if err > 1e-5:
-                cells.append(f"wrong ({err:.1e})")
-                continue
-            us = time_graph_us(lambda c=compiled, x=inputs: c(*x), calls=10, reps=args.reps)
             tiles = [f"{s.constexprs.get('BLOCK_M')}x{s.constexprs.get('BLOCK_R')},{s.num_warps}w"
                      for s in compiled.sources.values() if "BLOCK_R" in s.constexprs]
-            cells.append(f"{us:7.1f} ({nbytes / us / 1e3:5.0f}) [{';'.join(tiles)}]")
+            cells.append(timed_cell(lambda c=compiled, x=inputs: c(*x), err, 1e-5, nbytes, args.reps, ";".join(tiles)))
         if args.inductor:
             torch._dynamo.reset()
             ind = torch.compile(fn)
             err = float((ind(*inputs) - want).abs().max() / want.abs().max())
-            us = time_graph_us(lambda c=ind, x=inputs: c(*x), calls=10, reps=args.reps)
-            cells.append(f"{us:7.1f} ({nbytes / us / 1e3:5.0f})" if err <= 1e-5 else f"wrong ({err:.1e})")
+            cells.append(timed_cell(lambda c=ind, x=inputs: c(*x), err, 1e-5, nbytes, args.reps))
         print(f"{name:54s}" + "".join(f"{c:>26s}" for c in cells), flush=True)
     return 0
 

@@ -137,6 +137,7 @@ def test_batch_norm_backward_sums_loop_and_train_like_eager(config: Config, devi
     assert not sums, [g.name for g in sums]
     long = [g for g in groups if g.kind is GroupKind.REDUCTION and long_rows(g.domain, config)]
     assert len(long) >= 2 and any(len(g.nodes) > 2 for g in long), [g.name for g in long]
+    assert any("cuDNN's batch norm" in p.explain(source=False) for p in plans if hasattr(p, "plan"))
 
 
 def _bn_sums(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

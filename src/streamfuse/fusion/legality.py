@@ -71,8 +71,6 @@ def node_refusal(node: Node, config: Config) -> str | None:
     if node.kind is OpKind.GETITEM:
         return "getitem selects a result of a multi-output op: host-side, no kernel"
     if not node.kind.fusible:
-        if node.op == "aten._native_batch_norm_legit_functional.default":  # runtime/steps._batch_norm_functional
-            return f"{node.op} is opaque: it runs through ATen (on CUDA as cuDNN's batch norm, where eager's would)"
         return f"{node.op} is opaque: it runs through ATen"
     if not node.is_tensor:
         return f"{node.op} has several results: it runs on the host as zero-copy views"

@@ -164,12 +164,16 @@ def _merge_check(state: _Partition, p: Node, c: Node, outputs: set[Node], config
     return _union_verdict(state, gp, gc, outputs, config)
 
 
-def _union_verdict(state: _Partition, gp: int, gc: int, outputs: set[Node], config: Config) -> str | int:
-    """Why groups gp and gc (no cycle between them) cannot be one kernel, or the split they merge with."""
+def _union_verdict(state: _Partition, gp: int, gc: int, outputs: set[Node], config: Config,
+                   kind: GroupKind | None = None) -> str | int:
+    """Why groups gp and gc (no cycle between them) cannot be one kernel (of `kind`, where given),
+    or the split they merge with."""
     union = sorted(state.members[gp] + state.members[gc], key=state.position.__getitem__)
     result = check_group(union, outputs, config)
     if isinstance(result, str):
         return result
+    if kind is not None and result.kind is not kind:
+        return f"the union is a {result.kind.value} kernel, not a {kind.value} one"
     if result.kind not in (GroupKind.POINTWISE, GroupKind.REDUCTION):
         return 1  # the matmul template's tile is held to the limits by the tuner instead
     recompute = recompute_refusal(union, config)
@@ -206,7 +210,8 @@ def _merge_sibling_reductions(state: _Partition, outputs: set[Node], config: Con
     first-stage shape at batch 32 in two kernels against Inductor's 69.8 in one, 79.3 in one kernel
     in run 200; resnet50 itself has a ReLU mask after every batch norm, so its step did not move).
     Larger shared inputs first; returns the merges made."""
-    shapes = {g: check_group(m, outputs, config) for g, m in state.members.items()}
+    shapes = {g: check_group(m, outputs, config) for g, m in state.members.items()
+              if any(n.kind is OpKind.REDUCTION for n in m)}
     readers: dict[Node, list[int]] = {}
     for g, shape in shapes.items():
         if isinstance(shape, KernelShape) and shape.kind is GroupKind.REDUCTION and shape.domain is not None:
@@ -234,11 +239,7 @@ def _sibling_verdict(state: _Partition, a: int, b: int, outputs: set[Node], conf
     for src, dst in ((a, b), (b, a)):
         if dst in state.successors(src) or state.path_through_other(src, dst) is not None:
             return "one depends on the other"
-    union = sorted(state.members[a] + state.members[b], key=state.position.__getitem__)
-    shape = check_group(union, outputs, config)
-    if isinstance(shape, str) or shape.kind is not GroupKind.REDUCTION:
-        return shape if isinstance(shape, str) else "not one reduction"
-    return _union_verdict(state, a, b, outputs, config)
+    return _union_verdict(state, a, b, outputs, config, GroupKind.REDUCTION)
 
 
 def _resources(shape: KernelShape, config: Config, sm_count: int, split: int, nodes: list[Node]) -> Resources:

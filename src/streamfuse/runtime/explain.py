@@ -11,7 +11,7 @@ from streamfuse.fusion.groups import Group, GroupKind
 from streamfuse.fusion.legality import matmul_operands
 from streamfuse.ir.graph import Node
 from streamfuse.ir.ops import OpKind
-from streamfuse.runtime.steps import ChannelsLastConvStep, KernelStep
+from streamfuse.runtime.steps import STAND_IN_NOTES, ChannelsLastConvStep, KernelStep
 from streamfuse.schedule.cost import estimate_us, unfused_us
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ def _describe(g: Group, compiled: CompiledGraph) -> str:
                 f"{split_text}, grid {src.grid}, {src.num_warps} warps, {src.num_stages} stages; {g.note}")
     elif g.kind is GroupKind.ATEN:
         head = f"ATen ({g.note})" if g.note else "ATen"
+        stand_in = STAND_IN_NOTES.get(g.nodes[0].target) if len(g.nodes) == 1 else None
+        head += f"; {stand_in}" if stand_in else ""
         conv = compiled.base.conv_layouts.get(g.name)
         if conv is not None:
             measured = (f", measured {conv.channels_last_us:.1f} µs channels_last vs {conv.native_us:.1f} µs NCHW"

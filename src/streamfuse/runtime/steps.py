@@ -82,6 +82,12 @@ _STAND_INS: dict[Any, Any] = {torch.ops.aten.view.default: _view_or_reshape,
 """Targets run through a stand-in with the same results: views that tolerate an ATen op's other
 strides, and training batch norm on cuDNN."""
 
+STAND_IN_NOTES: dict[Any, str] = {
+    torch.ops.aten._native_batch_norm_legit_functional.default:
+        "on CUDA as cuDNN's batch norm (aten._batch_norm_with_update_functional), as eager's runs",
+}
+"""What explain() says of an ATen step that runs through a stand-in of _STAND_INS."""
+
 
 def _walk(value: Any) -> list[Any]:
     if isinstance(value, (list, tuple)):
