@@ -22,7 +22,7 @@ from float64's than max(1e-3, twice eager float32's own error) is reported as a 
 so float32 against float32 cannot tell a bug from rounding there; float64 is the arbiter). Mode sf-nograph is the backend with Config.backend_cuda_graphs=False.
 
 Workloads (random weights, fixed seeds): resnet18 at batch 16 (64x64), resnet50 at batch 32
-(224x224), BERT-base and GPT-2 small at 8 x 128 tokens; the loss is cross-entropy on random labels
+(224x224; mobilenet_v3_small, efficientnet_b0 and googlenet the same, on request, dropout off), BERT-base and GPT-2 small at 8 x 128 tokens; the loss is cross-entropy on random labels
 (vision) or the model's output projected on a fixed random direction (text: the whole network's
 backward either way).
 Vision models need torchvision (the device machine has it).
@@ -75,7 +75,8 @@ def _vision(name: str, batch: int, size: int) -> Workload:
     def build() -> nn.Module:
         import torchvision
 
-        return getattr(torchvision.models, name)(weights=None, num_classes=1000)
+        kwargs = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+        return deterministic(getattr(torchvision.models, name)(weights=None, num_classes=1000, **kwargs))
 
     def inputs(device: torch.device, seed: int) -> tuple[torch.Tensor, ...]:
         gen = torch.Generator().manual_seed(seed)
@@ -139,6 +140,9 @@ def workloads(names: list[str], tiny: bool) -> list[Workload]:
     table: dict[str, Callable[[], Workload]] = {
         "resnet18": lambda: _vision("resnet18", 16, 64),
         "resnet50": lambda: _vision("resnet50", 32, 224),
+        "mobilenet_v3_small": lambda: _vision("mobilenet_v3_small", 32, 224),
+        "efficientnet_b0": lambda: _vision("efficientnet_b0", 32, 224),
+        "googlenet": lambda: _vision("googlenet", 32, 224),
         "bert-base": lambda: _text("bert-base", tiny),
         "gpt2": lambda: _text("gpt2 prefill", tiny),
     }

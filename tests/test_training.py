@@ -240,8 +240,13 @@ def test_batch_norm_under_bfloat16_autocast_trains(train_config: streamfuse.Conf
         assert abs(losses[0].item() - losses[1].item()) <= 2e-2 * abs(losses[1].item())
         for (name, p), (_, q) in zip(model.named_parameters(), eager.named_parameters(), strict=True):
             assert p.grad is not None and q.grad is not None
-            assert _rel(p.grad, q.grad) <= 2e-2, f"step {step}: grad of {name}: {_rel(p.grad, q.grad):.3g}"
-            p.grad, q.grad = None, None
+            if name == "0.bias":  # feeds a training batch norm: its true gradient is 0, both hold bf16 noise
+                scale = 1e-2 * model[0].weight.grad.norm()
+                assert p.grad.norm() <= scale and q.grad.norm() <= scale, f"step {step}: {name}'s gradient is not ~0"
+            else:
+                assert _rel(p.grad, q.grad) <= 2e-2, f"step {step}: grad of {name}: {_rel(p.grad, q.grad):.3g}"
+        for p in list(model.parameters()) + list(eager.parameters()):
+            p.grad = None
         for (name, b), (_, c) in zip(model.named_buffers(), eager.named_buffers(), strict=True):
             assert _rel(b.float(), c.float()) <= 2e-2, f"step {step}: buffer {name}"
 

@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
 from streamfuse.capture.symbolic import EagerGraph, SymbolicGraph, eager_runner, is_symbolic
+from streamfuse.capture.train_layout import channels_last_training
 from streamfuse.config import Config
 from streamfuse.ir.fold import SnapshotCache, statistics_counters
 from streamfuse.ir.from_fx import graph_from_fx
@@ -413,10 +414,17 @@ def make_backend(config: Config | None = None) -> Any:
     # recomputes cheap pointwise ops fused into its kernels (less activation memory). Inference
     # graphs keep their input mutations (an optimizer's updates, running statistics) as copy_ nodes,
     # which the plan writes back in one launch at the end of each call (Graph.writebacks)
-    return aot_autograd(fw_compiler=_compiler(config, "forward"), bw_compiler=_compiler(config, "backward"),
-                        inference_compiler=_compiler(config, "inference"),
-                        decompositions=decomposition_table(), partition_fn=min_cut_rematerialization_partition,
-                        keep_inference_input_mutations=True)
+    aot = aot_autograd(fw_compiler=_compiler(config, "forward"), bw_compiler=_compiler(config, "backward"),
+                       inference_compiler=_compiler(config, "inference"),
+                       decompositions=decomposition_table(), partition_fn=min_cut_rematerialization_partition,
+                       keep_inference_input_mutations=True)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        if config.train_channels_last:
+            channels_last_training(gm, example_inputs)  # capture/train_layout.py
+        return aot(gm, example_inputs, **kwargs)
+
+    return backend
 
 
 MODES: dict[str, dict[str, Any]] = {

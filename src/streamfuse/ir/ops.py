@@ -113,8 +113,11 @@ def refine_kind(qualified_name: str, kind: OpKind, args: tuple, kwargs: dict) ->
         if kwargs.get("device") is not None:
             return OpKind.OPAQUE  # a device move is a copy ATen does best
         layout = kwargs.get("memory_format")
-        if layout is not None and layout != torch.contiguous_format:
-            return OpKind.OPAQUE  # e.g. channels_last: the output layout matters to later ops
+        if layout not in (None, torch.contiguous_format, torch.channels_last):
+            # preserve_format: the strides follow the input's, which need not be dense. A
+            # channels_last copy (training convolutions' weights, capture/train_layout.py) is a
+            # generated kernel storing the traced strides (codegen/kernel.store_strides)
+            return OpKind.OPAQUE
     return kind
 
 

@@ -1,0 +1,118 @@
+"""Training graphs run their 2-D convolutions channels_last (capture/train_layout.py).
+
+The rewrite happens on Dynamo's graph before AOTAutograd; the tests check which graphs it touches,
+that outputs keep eager's layout, and that gradients through the backend still match eager's (the
+layout changes summation order only)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import streamfuse
+from streamfuse.capture.backend import compiled_graphs
+from streamfuse.capture.train_layout import channels_last_training
+
+CL = torch.channels_last
+
+
+def _rewritten(model: nn.Module, x: torch.Tensor, grad: bool = True) -> tuple[int, torch.Tensor]:
+    """(convolutions rewritten, the output) with a backend that only applies the rewrite."""
+    counts: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        counts.append(channels_last_training(gm, example_inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        out = torch.compile(model, backend=backend)(x)
+    return sum(counts), out
+
+
+class _ConvNet(nn.Module):
+    def __init__(self, groups: int = 1) -> None:
+        super().__init__()
+        self.c1 = nn.Conv2d(4, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1, groups=groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(torch.relu(self.bn(self.c1(x)))) + 1.0
+
+
+def test_training_graph_runs_convolutions_channels_last() -> None:
+    x = torch.randn(2, 4, 6, 6)
+    model = _ConvNet()
+    n, out = _rewritten(model, x)
+    assert n == 2
+    assert out.is_contiguous(), "a 4-D output contiguous in eager must come back contiguous"
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_depthwise_is_rewritten_grouped_is_not() -> None:
+    x = torch.randn(2, 4, 6, 6)
+    assert _rewritten(_ConvNet(groups=8), x)[0] == 2  # depthwise: one channel per group
+    assert _rewritten(_ConvNet(groups=2), x)[0] == 0  # four channels per group: the graph stays NCHW
+
+
+def test_inference_graph_is_not_rewritten() -> None:
+    x = torch.randn(2, 4, 6, 6)
+    assert _rewritten(_ConvNet(), x, grad=False)[0] == 0
+    frozen = _ConvNet().requires_grad_(False)
+    assert _rewritten(frozen, x)[0] == 0
+
+
+def test_values_and_gradients_match_eager_through_backend() -> None:
+    """float64 through the backend (generated kernels in Triton's interpreter where installed) with
+    the layout on and off: loss, every gradient and the running statistics match eager's, the output
+    has eager's strides, and the compiled forward's convolutions read channels_last tensors."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 6, 6, dtype=torch.float64, requires_grad=True)
+    for on in (True, False):
+        model = _ConvNet().double()
+        eager = copy.deepcopy(model)
+        torch._dynamo.reset()
+        start = len(compiled_graphs)
+        compiled = torch.compile(model, backend=streamfuse.make_backend(streamfuse.Config(train_channels_last=on)))
+        for _ in range(2):
+            out_c, out_e = compiled(x), eager(x)
+            assert out_c.stride() == out_e.stride()
+            torch.testing.assert_close(out_c, out_e, rtol=1e-12, atol=1e-12)
+            names = [name for name, _ in model.named_parameters()]
+            got = torch.autograd.grad(out_c.square().sum(), [x, *model.parameters()])
+            want = torch.autograd.grad(out_e.square().sum(), [x, *eager.parameters()])
+            for name, g, w in zip(["input", *names], got, want, strict=True):
+                torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=f"gradient of {name} (layout {on})")
+            for (name, b), c in zip(model.named_buffers(), eager.buffers(), strict=True):
+                torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-12, msg=f"{name} (layout {on})")
+        forward = next(g for g in compiled_graphs[start:] if g is not None)
+        assert ("(channels_last)" in forward.explain()) == on, "the forward's kernels store channels_last iff on"
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_config_switch(on: bool) -> None:
+    seen: list[bool] = []
+    real = channels_last_training
+
+    def spy(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> int:
+        n = real(gm, example_inputs)
+        seen.append(any(node.op == "call_method" and node.target == "contiguous" and node.kwargs.get("memory_format") is CL
+                        for node in gm.graph.nodes))
+        return n
+
+    import streamfuse.capture.backend as backend_module
+
+    original = backend_module.channels_last_training
+    backend_module.channels_last_training = spy
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(_ConvNet(), backend=streamfuse.make_backend(streamfuse.Config(train_channels_last=on)))
+        compiled(torch.randn(2, 4, 6, 6)).sum().backward()
+    finally:
+        backend_module.channels_last_training = original
+    assert seen == ([True] if on else [])
