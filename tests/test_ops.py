@@ -260,3 +260,23 @@ def test_an_empty_batch_through_a_reshape_runs_compiled(config, device) -> None:
         out = torch.compile(model, backend=streamfuse.make_backend(config))(x)
     assert out.shape == (0, 5, 8)
     torch._dynamo.reset()
+
+
+def test_whole_as_strided_scatter_is_a_generated_copy(config, device) -> None:  # type: ignore[no-untyped-def]
+    """as_strided_scatter whose view is the whole base (strides differing only in dims of size 1, or a
+    contiguous flat base seen row-major in another shape: a channels_last training backward's pooled
+    gradients, capture/train_layout.py) is a copy the planner fuses (ir/lowerings.py), not two ATen
+    launches; a scatter into part of the base stays ATen's, and both match eager."""
+    x = randn(2, 3, 1, 1, device=device)
+    y = randn(2, 3, device=device)
+    base4, flat = torch.zeros(2, 3, 1, 1, device=device), torch.zeros(6, device=device)
+
+    def whole(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.as_strided_scatter(base4, a * 2.0, (2, 3, 1, 1), (3, 1, 3, 3)) + 1.0,
+                torch.as_strided_scatter(flat, b.relu(), (2, 3), (3, 1)) * 3.0)
+
+    compiled = compile_and_check(whole, [x, y], config.replace(executor="triton"))
+    assert "as_strided_scatter" not in compiled.explain(source=False).split("refused fusions")[0]
+    part = lambda b: torch.as_strided_scatter(torch.zeros(12, device=device), b.relu(), (2, 3), (3, 1), 2) * 3.0
+    compiled = compile_and_check(part, [y], config.replace(executor="triton"))
+    assert "as_strided_scatter" in compiled.explain(source=False)

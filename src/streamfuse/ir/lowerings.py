@@ -7,11 +7,13 @@ capture (they go through prims or mutating ops), rewritten into ops the planner 
 - max_pool2d_with_indices with its indices unread -> streamfuse.max_pool2d (a WINDOW op, generated)
 - avg_pool2d with one divisor for every window -> streamfuse.avg_pool2d (a WINDOW op, generated)
 - constant_pad_nd padding by nothing -> clone (fused)
+- as_strided_scatter over the whole base, element for element -> clone of the source (fused)
 - any (every overload) -> amax of the input as 0/1 float32, > 0 (a reduction, fused)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -233,6 +235,38 @@ def _lower_zero_pad(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any
                  strides=tuple(val.stride()))
 
 
+def _lower_whole_scatter(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """as_strided_scatter(base, src, size, stride, offset) whose view is all of `base`, element for
+    element (its size is base's, no offset, and its strides differ from base's only in dims of size
+    1) -> a copy of src in the result's layout, which fuses into src's kernel. The backward of the
+    restride torch's decomposition puts after a [N, C, 1, 1] average pool of a channels_last tensor
+    (efficientnet_b0's squeeze-and-excitation blocks in training, capture/train_layout.py): 17 ATen
+    copies per step otherwise."""
+    base, src = args[0], args[1]
+    size = args[2] if len(args) > 2 else kwargs.get("size")
+    stride = args[3] if len(args) > 3 else kwargs.get("stride")
+    offset = args[4] if len(args) > 4 else kwargs.get("storage_offset")
+    if not isinstance(base, Node) or not isinstance(src, Node) or offset not in (None, 0):
+        return None
+    if not isinstance(size, (list, tuple)) or not isinstance(stride, (list, tuple)) \
+            or not all(isinstance(v, int) for v in (*size, *stride)):
+        return None  # symbolic sizes: leave it to ATen
+    size = tuple(size)
+    if src.shape != size or src.dtype != base.dtype or val.dtype != base.dtype or len(stride) != len(size):
+        return None
+    if size == base.shape and all(n == 1 or s == t for n, s, t in zip(size, stride, base.strides)):
+        return b.add("scatter_whole", aten.clone.default, (src,), shape=base.shape, dtype=val.dtype,
+                     strides=tuple(val.stride()))
+    # a contiguous base viewed row-major in another shape (a flat gradient buffer seen as [N, C])
+    dense = contiguous_strides(size)
+    if math.prod(size) != math.prod(base.shape) or tuple(base.strides) != contiguous_strides(base.shape) \
+            or tuple(val.stride()) != contiguous_strides(base.shape) \
+            or any(n > 1 and s != t for n, s, t in zip(size, stride, dense)):
+        return None
+    copy = b.add("scatter_whole", aten.clone.default, (src,), shape=size, dtype=val.dtype, strides=dense)
+    return b.add("scatter_whole_view", aten.view.default, (copy, list(base.shape)), shape=base.shape, dtype=val.dtype)
+
+
 def _lower_any(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
     """any over dims -> amax(input != 0 as 0/1 float32) > 0: a reduction the planner fuses. SDPA's math
     path (the one bert-base takes on the GPU, its mask expanded with a stride-0 last dim) asks through
@@ -273,6 +307,7 @@ LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     aten.bernoulli.p: _lower_bernoulli,
     aten.native_dropout.default: _lower_dropout,
     aten.constant_pad_nd.default: _lower_zero_pad,
+    aten.as_strided_scatter.default: _lower_whole_scatter,
     aten.any.default: _lower_any,
     aten.any.dim: _lower_any,
     aten.any.dims: _lower_any,
