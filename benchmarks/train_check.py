@@ -291,7 +291,15 @@ def main() -> int:
     ap.add_argument("--timm", default=None, help="timm architectures instead of the suite: 'default' (TIMM_MODELS) "
                     "or names, comma-separated (needs timm)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a Config field for the backend (e.g. train_channels_last=true)")
     args = ap.parse_args()
+    import streamfuse
+
+    try:
+        config = streamfuse.Config().with_settings(args.set)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if args.calls < 1:
         raise SystemExit(f"error: --calls takes a positive number of steps; got {args.calls}")
     specs = [s for s in MODELS if s.name not in SKIPPED]
@@ -323,7 +331,7 @@ def main() -> int:
     rows = []
     for spec in specs:
         try:
-            row = check(spec, args.tiny, device, args.calls,
+            row = check(spec, args.tiny, device, args.calls, config,
                         autocast=getattr(torch, args.autocast) if args.autocast else None)
         except ImportError as exc:
             print(f"{spec.name:<20} unavailable: {exc}", flush=True)

@@ -462,25 +462,26 @@ step s51-gputests2 300 bash -c 'python3 -m pytest -q -n 12 -m gpu -k "not test_f
 step s51-textcheck2 200 python3 benchmarks/train_check.py --json "$OUT/s51-textcheck2.json" --calls 4 \
   --models "gpt2 prefill,bert-base,resnet50,googlenet"
 step s51-text2 300 python3 benchmarks/training.py --models gpt2,bert-base --modes eager,compile,streamfuse --steps 10
-# session 52: training graphs channels_last (Config.train_channels_last): the vision models' steps without
-# it, then with it beside eager and Inductor; their gradients against float64; the GPU tests; resnet50's profile
-# the short form of the above for a small device budget: resnet50 without and with the layout, mobilenet_v3_small
-# with it, beside eager; then the GPU training tests
-step s52-quick 420 bash -c 'python3 benchmarks/training.py --models resnet50 --modes streamfuse --steps 10 \
-  --set train_channels_last=False; python3 benchmarks/training.py --models resnet50,mobilenet_v3_small \
-  --modes eager,streamfuse --steps 10; python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short \
+# session 52: training graphs channels_last (Config.train_channels_last, off by default until measured): the
+# vision models' steps with it beside eager and Inductor, then without it; their gradients against float64
+# with it; the GPU tests; resnet50's profile with it. s52-quick is the short form for a small device budget
+step s52-quick 420 bash -c 'python3 benchmarks/training.py --models resnet50 --modes streamfuse --steps 10; \
+  python3 benchmarks/training.py --models resnet50,mobilenet_v3_small --modes eager,streamfuse --steps 10 \
+  --set train_channels_last=true; python3 -m pytest -q -n 8 -W ignore -p no:logging --tb=short \
   tests/test_training.py tests/test_train_layout.py tests/test_replay.py'
 step s52-train-off 240 python3 benchmarks/training.py --models resnet50,mobilenet_v3_small,efficientnet_b0,googlenet \
-  --modes streamfuse --steps 10 --set train_channels_last=False
+  --modes streamfuse --steps 10
 step s52-train-a 300 python3 benchmarks/training.py --models resnet50,mobilenet_v3_small --modes eager,compile,streamfuse \
-  --steps 10
+  --steps 10 --set train_channels_last=true
 step s52-train-b 300 python3 benchmarks/training.py --models efficientnet_b0,googlenet --modes eager,compile,streamfuse \
-  --steps 10
+  --steps 10 --set train_channels_last=true
 step s52-check 250 python3 benchmarks/train_check.py --json "$OUT/s52-check.json" --calls 4 \
-  --models resnet50,mobilenet_v3_small,googlenet,efficientnet_b0
+  --models resnet50,mobilenet_v3_small,googlenet,efficientnet_b0 --set train_channels_last=true
 step s52-tests 300 bash -c 'python3 -m pytest -q -n 12 -m gpu -k "not test_fuzz_long_on_gpu" -W ignore \
-  -p no:logging --tb=short tests; python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_training.py'
-step s52-r50prof 330 python3 benchmarks/training.py --models resnet50 --modes compile,streamfuse --steps 10 --profile
+  -p no:logging --tb=short tests; python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_training.py \
+  tests/test_train_layout.py'
+step s52-r50prof 330 python3 benchmarks/training.py --models resnet50 --modes compile,streamfuse --steps 10 --profile \
+  --set train_channels_last=true
 # session 43: DDP over the backend (NCCL, one process), training with CUDA graphs replaying
 step s43-ddp 90 python3 -m pytest -q -W ignore -p no:logging tests/test_distributed.py
 # session 43: llama at batch 1 through both entry points (the one s38-suite row no run has covered)

@@ -116,3 +116,36 @@ def test_config_switch(on: bool) -> None:
     finally:
         backend_module.channels_last_training = original
     assert seen == ([True] if on else [])
+
+
+def test_batch_norm_gradients_sum_along_the_channels(config, device, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """In channels_last the batch norms' backward sums over N, H and W read rows that lie next to
+    each other (the channels are innermost): they run as the rows-contiguous looped reduction, each
+    row tile split across programs on a 16-SM device (on the CPU; on the GPU its own SMs and 4x the
+    batch). Loss, gradients, parameters and running statistics match eager over three SGD steps."""
+    from test_training import train_and_compare
+
+    from streamfuse.fusion.geometry import looped_split
+    from streamfuse.runtime import executable
+
+    batch = 8
+    if device.type == "cpu":
+        monkeypatch.setattr(executable, "DEFAULT_SM_COUNT", 16)
+    else:
+        batch *= 4
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 16
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                          nn.Conv2d(64, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).to(device)
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(batch, 3, 16, 16, generator=gen).to(device), torch.randint(0, 10, (batch,), generator=gen).to(device))
+               for _ in range(3)]
+    first = len(compiled_graphs)
+    config = config.replace(train_channels_last=True)
+    train_and_compare(model, batches, lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), config)
+    plans = [getattr(g, "compiled", g) for g in compiled_graphs[first:] if g is not None]
+    sums = [grp for p in plans if hasattr(p, "plan") for grp in p.plan.groups
+            if grp.rows_contiguous and grp.domain is not None and grp.domain.dims == (0, 2, 3)
+            and looped_split(grp.domain, config, sm_count, True)[0] > 1]
+    assert len(sums) >= 2, "both batch norms' backward sums run rows-contiguous and split"

@@ -292,12 +292,14 @@ class Config:
     lowest priority, so this takes a stream besides it, and one more fork and join wait per call: a
     fork/join of k branches then needs 2k waits instead of 2(k-1). Off by default: runs 27-29
     (docs/PERF.md) found no consistent effect of priorities on the four-stream times."""
-    train_channels_last: bool = True
+    train_channels_last: bool = False
     """A graph that trains through torch.compile(backend="streamfuse") and has 2-D convolutions runs
     them channels_last: each reads its input and weight converted so, and AOTAutograd traces the
     forward and backward in that layout (capture/train_layout.py), so cuDNN's NHWC kernels need no
-    layout conversions around every convolution and its backward. Outputs keep eager's layout.
-    Graphs with a grouped convolution of more than one channel per group are left NCHW."""
+    layout conversions around every convolution and its backward (resnet50's training step on an
+    H100 spent 2.16 of 16.8 busy ms in them, run 195). Outputs keep eager's layout. Graphs with a
+    grouped convolution of more than one channel per group are left NCHW. Off until measured on a
+    GPU (session 52 got no device; gpu_check.sh steps s52-*)."""
     training_max_streams: int = 1
     """max_streams for the forward and backward graphs of a training step through torch.compile
     (with backend_cuda_graphs), which keep their memory pool (with the saved activations) for the
