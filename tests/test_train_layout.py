@@ -95,26 +95,21 @@ def test_values_and_gradients_match_eager_through_backend() -> None:
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_config_switch(on: bool) -> None:
+def test_config_switch(on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import streamfuse.capture.backend as backend_module
+
     seen: list[bool] = []
-    real = channels_last_training
 
     def spy(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> int:
-        n = real(gm, example_inputs)
+        n = channels_last_training(gm, example_inputs)
         seen.append(any(node.op == "call_method" and node.target == "contiguous" and node.kwargs.get("memory_format") is CL
                         for node in gm.graph.nodes))
         return n
 
-    import streamfuse.capture.backend as backend_module
-
-    original = backend_module.channels_last_training
-    backend_module.channels_last_training = spy
-    try:
-        torch._dynamo.reset()
-        compiled = torch.compile(_ConvNet(), backend=streamfuse.make_backend(streamfuse.Config(train_channels_last=on)))
-        compiled(torch.randn(2, 4, 6, 6)).sum().backward()
-    finally:
-        backend_module.channels_last_training = original
+    monkeypatch.setattr(backend_module, "channels_last_training", spy)
+    torch._dynamo.reset()
+    compiled = torch.compile(_ConvNet(), backend=streamfuse.make_backend(streamfuse.Config(train_channels_last=on)))
+    compiled(torch.randn(2, 4, 6, 6)).sum().backward()
     assert seen == ([True] if on else [])
 
 

@@ -30,8 +30,6 @@ from typing import Any
 
 import torch
 
-_CONV2D = (torch.conv2d,)
-
 
 def _value(node: Any) -> Any:
     return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
@@ -42,7 +40,7 @@ def _convolutions(gm: torch.fx.GraphModule) -> list[torch.fx.Node] | None:
     (more than one input channel per group) rules the layout out."""
     convs = []
     for n in gm.graph.nodes:
-        if n.op != "call_function" or n.target not in _CONV2D or len(n.args) < 2:
+        if n.op != "call_function" or n.target is not torch.conv2d or len(n.args) < 2:
             continue
         x, w = _value(n.args[0]), _value(n.args[1])
         if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 4 or w.dim() != 4:

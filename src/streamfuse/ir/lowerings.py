@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from streamfuse.ir.graph import Arg, Node
-from streamfuse.ir.indexing import contiguous_strides
+from streamfuse.ir.indexing import contiguous_strides, dense_order
 from streamfuse.ir.ops import kind_of
 from streamfuse.ir.rng import philox_rand
 
@@ -236,9 +236,10 @@ def _lower_zero_pad(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any
 
 
 def _lower_whole_scatter(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
-    """as_strided_scatter(base, src, size, stride, offset) whose view is all of `base`, element for
-    element (its size is base's, no offset, and its strides differ from base's only in dims of size
-    1) -> a copy of src in the result's layout, which fuses into src's kernel. The backward of the
+    """as_strided_scatter(base, src, size, stride, offset) whose view is all of the result, element
+    for element (no offset, and either base's size with strides that differ from the result's only
+    in dims of size 1, or a row-major view of a row-major result in another shape) -> a copy of src
+    in the result's layout, which fuses into src's kernel. The backward of the
     restride torch's decomposition puts after a [N, C, 1, 1] average pool of a channels_last tensor
     (efficientnet_b0's squeeze-and-excitation blocks in training, capture/train_layout.py): 17 ATen
     copies per step otherwise."""
@@ -251,16 +252,17 @@ def _lower_whole_scatter(b: Builder, target: Any, args: tuple, kwargs: dict, val
     if not isinstance(size, (list, tuple)) or not isinstance(stride, (list, tuple)) \
             or not all(isinstance(v, int) for v in (*size, *stride)):
         return None  # symbolic sizes: leave it to ATen
-    size = tuple(size)
+    size, out = tuple(size), tuple(val.stride())  # the view's strides are into the result's memory
     if src.shape != size or src.dtype != base.dtype or val.dtype != base.dtype or len(stride) != len(size):
         return None
-    if size == base.shape and all(n == 1 or s == t for n, s, t in zip(size, stride, base.strides)):
-        return b.add("scatter_whole", aten.clone.default, (src,), shape=base.shape, dtype=val.dtype,
-                     strides=tuple(val.stride()))
-    # a contiguous base viewed row-major in another shape (a flat gradient buffer seen as [N, C])
+    row_major = all(n == 1 or s == c for n, s, c in zip(base.shape, out, contiguous_strides(base.shape)))
+    if not row_major and dense_order(base.shape, out) is None:
+        return None  # a result with gaps or overlaps: not every element is the view's
+    if size == base.shape and all(n == 1 or s == t for n, s, t in zip(size, stride, out)):
+        return b.add("scatter_whole", aten.clone.default, (src,), shape=base.shape, dtype=val.dtype, strides=out)
+    # a contiguous result viewed row-major in another shape (a flat gradient buffer seen as [N, C])
     dense = contiguous_strides(size)
-    if math.prod(size) != math.prod(base.shape) or tuple(base.strides) != contiguous_strides(base.shape) \
-            or tuple(val.stride()) != contiguous_strides(base.shape) \
+    if math.prod(size) != math.prod(base.shape) or not row_major \
             or any(n > 1 and s != t for n, s, t in zip(size, stride, dense)):
         return None
     copy = b.add("scatter_whole", aten.clone.default, (src,), shape=size, dtype=val.dtype, strides=dense)
