@@ -61,6 +61,10 @@ class Config:
     linear_bias_addmm: bool = True
     """A Linear layer traced as mm + bias add (torch.export over a 3-D/4-D activation) becomes addmm,
     as AOTAutograd traces it: cuBLAS adds the bias in its GEMM epilogue (ir/mm_bias.py)."""
+    fold_scatter_add: bool = True
+    """add(x, index_put(zeros, indices, values, accumulate=True)) becomes index_put(x, indices, values,
+    accumulate=True): a tied weight's two gradients (GPT-2's word embedding and LM head) summed in one
+    buffer instead of three, run in place where x is a buffer of the call (ir/scatter_add.py)."""
     addmm_bias: AddmmBias = "auto"
     """Where an `addmm`'s bias is added when every reader of the product is a pointwise op (which can
     add it for free: it reads the product anyway). "addmm": by cuBLAS, in its GEMM epilogue. "split":

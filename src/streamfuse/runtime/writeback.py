@@ -84,15 +84,17 @@ def store_in_place(plan: Plan, steps: list[Step], graph: Graph, slot: dict[Node,
 
 
 def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: dict[int, int]) -> int:
-    """ATen scatters (index_put, index_copy) whose argument 0 is a buffer this call fills (a `full`:
-    the embedding backward's decomposition is full + index_put with accumulate) and nothing else
-    reads, not a graph output: their in-place overload updates that buffer, where the functional
-    form allocates a second one and copies the first into it (GPT-2's tied word-embedding gradient:
-    147 MiB, twice, in the backward's pool, and a copy of it on every call). Returns how many.
-    The scatter's other arguments cannot read the buffer: it has no other reader, no view taken.
-    Only where the buffer is made on the scatter's stream (`stream_of`: step index -> stream): the
-    result lives in the buffer's memory, which the caching allocator ties to the stream it was
-    allocated on, and the stream plan's releases assume the scatter's."""
+    """ATen scatters (index_put, index_copy) whose argument 0 is a buffer this call fills and
+    nothing else reads, not a graph output: their in-place overload updates that buffer, where the
+    functional form allocates a second one and copies the first into it. Returns how many.
+    - The buffer: a `full` (the embedding backward's decomposition is full + index_put with
+      accumulate; GPT-2's word-embedding gradient, 147 MiB, twice in the backward's pool before), or
+      the result of a generated kernel or of a product (ir/scatter_add.py folds the LM head's
+      gradient and the embedding's scatter into one), possibly through views that nothing else reads.
+    - The scatter's other arguments cannot read the buffer: it has no other reader, no other view.
+    - Only where the buffer is made on the scatter's stream (`stream_of`: step index -> stream): the
+      result lives in the buffer's memory, which the caching allocator ties to the stream it was
+      allocated on, and the stream plan's releases assume the scatter's."""
     outputs = set(map(id, graph.outputs))
     owner = {n: i for i, g in enumerate(plan.groups) for n in g.nodes}
     done = 0
@@ -104,9 +106,10 @@ def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: d
             if src.op not in _IN_PLACE or not src.args or not isinstance(src.args[0], Node):
                 continue
             dst = src.args[0]
-            if dst.op not in _FRESH or dst.users != [src] or id(dst) in outputs or dst not in owner:
+            if dst.users != [src] or id(dst) in outputs:
                 continue
-            if stream_of.get(owner[dst], 0) != stream_of.get(i, 0):
+            base = _fresh_base(dst, plan, steps, owner, outputs)
+            if base is None or stream_of.get(owner[base], 0) != stream_of.get(i, 0):
                 continue
             if src.shape != dst.shape or src.dtype != dst.dtype or src.strides != dst.strides:
                 continue
@@ -123,6 +126,36 @@ def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: d
 _FRESH = frozenset({"aten.full.default", "aten.zeros.default", "aten.new_zeros.default", "aten.zeros_like.default",
                     "aten.full_like.default", "aten.new_full.default"})
 """Ops whose result is a new buffer of their own (filled with a value): nothing else can see it."""
+
+_FRESH_RESULTS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+                            "aten.clone.default", "aten._to_copy.default"})
+"""ATen ops whose result is always a new buffer of their own."""
+
+
+def _fresh_base(dst: Node, plan: Plan, steps: list[Step], owner: dict[Node, int], outputs: set[int]) -> Node | None:
+    """The node whose buffer `dst` is, when that buffer is filled by this call and read by nothing but
+    the chain of views leading to `dst` (each read once, none a graph output); else None."""
+    node = dst
+    while True:
+        if node not in owner:
+            return None  # a graph input or a constant
+        group = plan.groups[owner[node]]
+        if group.kind is GroupKind.ALIAS:
+            if node.kind is not OpKind.VIEW or not node.args or not isinstance(node.args[0], Node):
+                return None  # a getitem, or an expand (its elements overlap)
+            parent = node.args[0]
+            if parent.users != [node] or id(parent) in outputs:
+                return None
+            node = parent
+            continue
+        if group.kind.generated:
+            step = steps[owner[node]]
+            # a generated kernel allocates its results, unless it stores one into an input (out_into)
+            fresh = isinstance(step, KernelStep) and not step.out_into
+        else:
+            fresh = node.op in _FRESH or node.op in _FRESH_RESULTS
+        return node if fresh else None
+
 
 _IN_PLACE = {"aten.index_put.default": torch.ops.aten.index_put_.default,
              "aten.index_copy.default": torch.ops.aten.index_copy_.default}

@@ -1,0 +1,109 @@
+"""A sum with a scatter into zeros becomes the scatter into the other addend.
+
+A weight used twice gets two gradients, which AOTAutograd adds. GPT-2's word embedding is also its
+LM head, so the backward computes (sizes for GPT-2 small, float32)
+
+    grad = add(mm(dlogits^T, h), index_put(full(0), [ids], dembed, accumulate=True))
+
+which holds three [50257, 768] buffers (147 MiB each) at once: the product, the zeros the
+embedding's gradient is scattered into, and their sum. Accumulating the scatter into the product
+gives the same sum with one buffer and without the zero fill and the add:
+
+    add(x, index_put(zeros, indices, values, accumulate=True))  ->  index_put(x, indices, values, accumulate=True)
+
+for a zero fill read by nothing else, a scatter read only by the add, and an add without alpha whose
+addends and result have one shape and dtype and whose result has x's strides (index_put's result
+keeps its argument 0's). The values summed at one element are the same; only the order of the
+floating-point additions differs (x first, not last). The functional index_put still copies x; at
+run time runtime/writeback.scatter_into_fresh updates x in place where x is a buffer the call fills
+and nothing else reads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from streamfuse.ir.fold import fresh_name, replace_uses
+from streamfuse.ir.graph import Graph, Node, iter_nodes
+from streamfuse.ir.lowerings import Builder
+
+_ADD = "aten.add.Tensor"
+_INDEX_PUT = "aten.index_put.default"
+_ZERO_FILLS = {"aten.full.default": 1, "aten.full_like.default": 1, "aten.new_full.default": 2,
+               "aten.zeros.default": None, "aten.zeros_like.default": None, "aten.new_zeros.default": None}
+"""Ops that make a buffer filled with one value: the position of the fill value (None: zeros)."""
+
+
+def fold_scatter_add(graph: Graph) -> int:
+    """Rewrite each matching add of a scatter into zeros (module docstring), in place; returns how many."""
+    names = {n.name for n in graph.nodes}
+    outputs = set(graph.output_nodes)
+    build = Builder(fresh=lambda name: fresh_name(name, names), nodes=[])
+    done = 0
+    for add in [n for n in graph.nodes if n.op == _ADD]:
+        match = _match(add, outputs)
+        if match is None:
+            continue
+        x, scatter, zeros = match
+        build.nodes = []
+        folded = build.add(f"{scatter.name}_into_{x.name}", torch.ops.aten.index_put.default,
+                           (x, scatter.args[1], scatter.args[2], True), shape=add.shape, dtype=add.dtype,
+                           strides=add.strides)
+        replace_uses(graph, add, folded)
+        at = graph.nodes.index(add)
+        graph.nodes[at:at + 1] = build.nodes
+        graph.nodes = [n for n in graph.nodes if n is not scatter and n is not zeros]
+        done += 1
+    if done:
+        graph.link_users()
+        graph.notes.append(f"{done} add(s) of a scatter into zeros folded into the scatter (a weight's two "
+                           "gradients summed in one buffer: no zero fill, no add)")
+    return done
+
+
+def _match(add: Node, outputs: set[Node]) -> tuple[Node, Node, Node] | None:
+    """(x, scatter, zeros) when `add` is add(x, index_put(zeros, ..., accumulate=True)) in either order."""
+    if len(add.args) != 2 or add.kwargs or add.dtype is None or add.dtype == torch.bool or add.dtype.is_complex:
+        return None
+    for x, scatter in (add.args, add.args[::-1]):
+        if not (isinstance(x, Node) and isinstance(scatter, Node)) or x is scatter:
+            continue
+        if scatter.op != _INDEX_PUT or scatter.users != [add] or scatter in outputs or scatter.kwargs:
+            continue
+        if len(scatter.args) != 4 or scatter.args[3] is not True:
+            continue
+        zeros = scatter.args[0]
+        if not isinstance(zeros, Node) or not _zero_fill(zeros) or zeros.users != [scatter] or zeros in outputs:
+            continue
+        if any(a is zeros for a in iter_nodes(scatter.args[1:])):
+            continue  # the zeros are also what is scattered (the fold removes them)
+        if not (x.shape == scatter.shape == zeros.shape == add.shape and x.dtype == scatter.dtype == add.dtype):
+            continue
+        if x.strides != add.strides or not _dense(x):  # the folded scatter's result has x's strides
+            continue
+        return x, scatter, zeros
+    return None
+
+
+def _zero_fill(node: Node) -> bool:
+    if node.op not in _ZERO_FILLS:
+        return False
+    at = _ZERO_FILLS[node.op]
+    if at is None:
+        return True
+    value = node.args[at] if len(node.args) > at else node.kwargs.get("fill_value")
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _dense(node: Node) -> bool:
+    """Every element at its own address without gaps: a clone that preserves the layout (index_put's
+    copy of argument 0) keeps these strides."""
+    if len(node.strides) != len(node.shape):
+        return False
+    expected = 1
+    for size, stride in sorted(((s, st) for s, st in zip(node.shape, node.strides, strict=True) if s != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
