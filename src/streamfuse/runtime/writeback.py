@@ -148,11 +148,13 @@ def _fresh_base(dst: Node, plan: Plan, steps: list[Step], owner: dict[Node, int]
                 return None
             node = parent
             continue
-        if group.kind.generated:
-            step = steps[owner[node]]
-            # a generated kernel allocates its results, unless it stores one into an input (out_into)
-            fresh = isinstance(step, KernelStep) and not step.out_into
-        else:
+        step = steps[owner[node]]
+        if isinstance(step, KernelStep) and step.failed is None:
+            # a generated kernel allocates its results, unless it stores one into an input (out_into);
+            # not a view among them: should the kernel fail to compile at its first launch, its ops
+            # run through ATen, where a view is its argument's memory
+            fresh = not step.out_into and node.kind not in (OpKind.VIEW, OpKind.BROADCAST, OpKind.GETITEM)
+        else:  # an ATen op (or a group's ops run one by one: the reference executor, a failed kernel)
             fresh = node.op in _FRESH or node.op in _FRESH_RESULTS
         return node if fresh else None
 
