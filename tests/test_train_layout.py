@@ -128,6 +128,10 @@ def test_batch_norm_gradients_sum_along_the_channels(config, device, monkeypatch
         monkeypatch.setattr(executable, "DEFAULT_SM_COUNT", 16)
     else:
         batch *= 4
+        # eager's convolutions run NCHW, the backend's channels_last: with TF32 (cuDNN's default) the
+        # two algorithms round differently, 3e-3 apart on the first weight's gradient (H100, run 204)
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 16
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
