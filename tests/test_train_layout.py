@@ -54,10 +54,11 @@ def test_training_graph_runs_convolutions_channels_last() -> None:
     torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_depthwise_is_rewritten_grouped_is_not() -> None:
+def test_grouped_and_depthwise_graphs_stay_nchw() -> None:
+    """Depthwise too: efficientnet_b0's step was 34% slower with the layout on an H100 (run 204)."""
     x = torch.randn(2, 4, 6, 6)
-    assert _rewritten(_ConvNet(groups=8), x)[0] == 2  # depthwise: one channel per group
-    assert _rewritten(_ConvNet(groups=2), x)[0] == 0  # four channels per group: the graph stays NCHW
+    assert _rewritten(_ConvNet(groups=8), x)[0] == 0  # depthwise: one channel per group
+    assert _rewritten(_ConvNet(groups=2), x)[0] == 0  # four channels per group
 
 
 def test_inference_graph_is_not_rewritten() -> None:

@@ -18,9 +18,11 @@ A graph output is returned in the layout eager gives it: a 4-D result that was c
 Dynamo's trace is made contiguous again (one copy), so no caller sees other strides than eager's.
 
 Not rewritten: graphs that train nothing (an inference graph keeps its weights as constants and
-chooses layouts by measurement, tune/network_layout.py), and graphs with a grouped convolution of
-more than one channel per group (cuDNN's grouped kernels are slower in channels_last, as
-Inductor's layout heuristic also found; a network mixing layouts would convert between them).
+chooses layouts by measurement, tune/network_layout.py), and graphs with a grouped convolution,
+depthwise ones included (cuDNN's grouped kernels are slower in channels_last, as Inductor's layout
+heuristic also found; a network mixing layouts would convert between them). Depthwise: on an H100
+(run 204, batch 32) efficientnet_b0's step went from 12.76 to 17.07 ms with the layout, where
+mobilenet_v3_small gained 1.7%, resnet50 7.6% and googlenet 3.3%.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _value(node: Any) -> Any:
 
 def _convolutions(gm: torch.fx.GraphModule) -> list[torch.fx.Node] | None:
     """The graph's 2-D convolutions over 4-D floating tensors, or None where a grouped convolution
-    (more than one input channel per group) rules the layout out."""
+    (depthwise included) rules the layout out."""
     convs = []
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is not torch.conv2d or len(n.args) < 2:
@@ -48,7 +50,7 @@ def _convolutions(gm: torch.fx.GraphModule) -> list[torch.fx.Node] | None:
         if not x.dtype.is_floating_point:
             continue
         groups = n.args[6] if len(n.args) > 6 else n.kwargs.get("groups", 1)
-        if isinstance(groups, int) and groups > 1 and w.shape[1] > 1:
+        if not isinstance(groups, int) or groups > 1:
             return None
         convs.append(n)
     return convs
