@@ -415,3 +415,14 @@ def fresh_name(name: str, names: set[str]) -> str:
         name, i = f"{base}_{i}", i + 1
     names.add(name)
     return name
+
+
+def splice(graph: Graph, old: Node, new: list[Node], result: Node, dropped: tuple[Node, ...] = ()) -> None:
+    """Put `new` (ending in `result`, which every reader of `old` reads instead) where `old` was,
+    and drop `old` and `dropped` from the graph. The caller relinks users (graph.link_users) once
+    it has made all its rewrites."""
+    replace_uses(graph, old, result)
+    at = graph.nodes.index(old)
+    graph.nodes[at:at + 1] = new
+    gone = set(map(id, dropped))
+    graph.nodes = [n for n in graph.nodes if id(n) not in gone]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from streamfuse.ir.fold import fresh_name, replace_uses
+from streamfuse.ir.fold import fresh_name, replace_uses, splice
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.lowerings import Builder
 from streamfuse.ir.ops import OpKind
@@ -56,10 +56,7 @@ def bias_into_addmm(graph: Graph) -> int:
                           dtype=mm.dtype, strides=mm.strides)
         back = build.add(f"{add.name}_view", torch.ops.aten.view.default, (fused, list(add.shape)),
                          shape=add.shape, dtype=add.dtype, strides=add.strides)
-        replace_uses(graph, add, back)
-        at = graph.nodes.index(add)
-        graph.nodes[at:at + 1] = build.nodes
-        graph.nodes = [n for n in graph.nodes if n is not mm and n is not view]
+        splice(graph, add, build.nodes, back, (mm, view))
         done += 1
     if done:
         graph.link_users()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from streamfuse.ir.fold import fresh_name, replace_uses
+from streamfuse.ir.fold import fresh_name, splice
 from streamfuse.ir.graph import Graph, Node, iter_nodes
 from streamfuse.ir.lowerings import Builder
 
@@ -49,10 +49,7 @@ def fold_scatter_add(graph: Graph) -> int:
         folded = build.add(f"{scatter.name}_into_{x.name}", torch.ops.aten.index_put.default,
                            (x, scatter.args[1], scatter.args[2], True), shape=add.shape, dtype=add.dtype,
                            strides=add.strides)
-        replace_uses(graph, add, folded)
-        at = graph.nodes.index(add)
-        graph.nodes[at:at + 1] = build.nodes
-        graph.nodes = [n for n in graph.nodes if n is not scatter and n is not zeros]
+        splice(graph, add, build.nodes, folded, (scatter, zeros))
         done += 1
     if done:
         graph.link_users()
