@@ -393,7 +393,7 @@ def main() -> int:
                     help="a Config field for the streamfuse modes (e.g. training_shared_pool=false)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the gradient checks (nothing allocated before the timed model: with one mode per "
-                         "process, 'step rsrvd' is the step's whole reservation, the allocator's free blocks included)")
+                         "process, its 'step reserved' line is the step's whole reservation, the allocator's free blocks included)")
     args = ap.parse_args()
     SETTINGS[:] = args.set
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
