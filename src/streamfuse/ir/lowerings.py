@@ -241,8 +241,9 @@ def _lower_whole_scatter(b: Builder, target: Any, args: tuple, kwargs: dict, val
     in dims of size 1, or a row-major view of a row-major result in another shape) -> a copy of src
     in the result's layout, which fuses into src's kernel. The backward of the
     restride torch's decomposition puts after a [N, C, 1, 1] average pool of a channels_last tensor
-    (efficientnet_b0's squeeze-and-excitation blocks in training, capture/train_layout.py): 17 ATen
-    copies per step otherwise."""
+    (a squeeze-and-excitation block trained in channels_last: efficientnet_b0 made 17 ATen copies per
+    step for it, session 52, before capture/train_layout.py left depthwise networks NCHW; a model the
+    user converts to channels_last still takes this path)."""
     base, src = args[0], args[1]
     size = args[2] if len(args) > 2 else kwargs.get("size")
     stride = args[3] if len(args) > 3 else kwargs.get("stride")

@@ -25,13 +25,15 @@ import torch
 
 from streamfuse.ir.fold import fresh_name, splice
 from streamfuse.ir.graph import Graph, Node, iter_nodes
+from streamfuse.ir.indexing import dense_order, is_contiguous_meta
 from streamfuse.ir.lowerings import Builder
 
 _ADD = "aten.add.Tensor"
 _INDEX_PUT = "aten.index_put.default"
-_ZERO_FILLS = {"aten.full.default": 1, "aten.full_like.default": 1, "aten.new_full.default": 2,
+FILLS = {"aten.full.default": 1, "aten.full_like.default": 1, "aten.new_full.default": 2,
                "aten.zeros.default": None, "aten.zeros_like.default": None, "aten.new_zeros.default": None}
-"""Ops that make a buffer filled with one value: the position of the fill value (None: zeros)."""
+"""Ops whose result is a new buffer of their own filled with one value: the position of the fill
+value (None: zeros). runtime/writeback.py runs a scatter in place on such a buffer."""
 
 
 def fold_scatter_add(graph: Graph) -> int:
@@ -83,24 +85,18 @@ def _match(add: Node, outputs: set[Node]) -> tuple[Node, Node, Node] | None:
 
 
 def _zero_fill(node: Node) -> bool:
-    if node.op not in _ZERO_FILLS:
+    if node.op not in FILLS:
         return False
-    at = _ZERO_FILLS[node.op]
+    at = FILLS[node.op]
     if at is None:
         return True
     value = node.args[at] if len(node.args) > at else node.kwargs.get("fill_value")
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
 
 
+
 def _dense(node: Node) -> bool:
-    """Every element at its own address without gaps: a clone that preserves the layout (index_put's
-    copy of argument 0) keeps these strides."""
-    if len(node.strides) != len(node.shape):
-        return False
-    expected = 1
-    for size, stride in sorted(((s, st) for s, st in zip(node.shape, node.strides, strict=True) if s != 1),
-                               key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    """Every element at its own address without gaps (row-major or a dense permutation): a clone that
+    preserves the layout (index_put's copy of argument 0) keeps these strides."""
+    return len(node.strides) == len(node.shape) and (
+        is_contiguous_meta(node) or dense_order(node.shape, node.strides) is not None)

@@ -18,6 +18,7 @@ import torch
 from streamfuse.fusion.groups import GroupKind, Plan
 from streamfuse.ir.graph import Graph, Node, iter_nodes
 from streamfuse.ir.indexing import is_contiguous_meta
+from streamfuse.ir.scatter_add import FILLS
 from streamfuse.ir.ops import OpKind
 from streamfuse.runtime.steps import KernelStep, NodeStep, Step
 from streamfuse.schedule.plan import launch_predecessors
@@ -123,8 +124,7 @@ def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: d
     return done
 
 
-_FRESH = frozenset({"aten.full.default", "aten.zeros.default", "aten.new_zeros.default", "aten.zeros_like.default",
-                    "aten.full_like.default", "aten.new_full.default"})
+_FRESH = frozenset(FILLS)
 """Ops whose result is a new buffer of their own (filled with a value): nothing else can see it."""
 
 _FRESH_RESULTS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
