@@ -77,3 +77,27 @@ def test_a_buffer_that_is_also_the_scatters_source_keeps_its_copy(config: stream
     compiled = streamfuse.compile(f, (idx, s), config.replace(fold_constants=False))
     torch.testing.assert_close(compiled(idx, s), f(idx, s))
     assert not _in_place_scatters(compiled.base)
+
+
+def test_a_buffer_made_on_another_stream_keeps_its_copy(config: streamfuse.Config) -> None:
+    """On several streams the buffer must be made on the scatter's (the allocator ties its memory to
+    that stream); on one stream, where the executable passes no stream map, it always is."""
+    from streamfuse.ir.scatter_add import FILLS
+    from streamfuse.runtime.writeback import scatter_into_fresh
+
+    def f(idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        z = torch.zeros(8, 4, device=v.device)
+        return torch.ops.aten.index_put.default(z, [idx], v, True) * 2
+
+    idx, v = torch.tensor([1, 3, 1, 7]), torch.randn(4, 4)
+    compiled = streamfuse.compile(f, (idx, v), config.replace(fold_constants=False, store_in_place=False))
+    exe = compiled.base
+    assert not _in_place_scatters(exe)  # store_in_place off: the pass did not run at build
+    owner = {n: i for i, g in enumerate(exe.plan.groups) for n in g.nodes}
+    fill = next(n for n in exe.graph.nodes if n.op in FILLS)
+    scatter = next(n for n in exe.graph.nodes if n.op == "aten.index_put.default")
+    assert scatter_into_fresh(exe.plan, exe.steps, exe.graph, {owner[fill]: 1, owner[scatter]: 0}) == 0
+    assert not _in_place_scatters(exe)
+    assert scatter_into_fresh(exe.plan, exe.steps, exe.graph, {}) == 1
+    assert _in_place_scatters(exe) == [scatter.name]
+    torch.testing.assert_close(compiled(idx, v), f(idx, v))

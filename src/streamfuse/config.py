@@ -296,15 +296,18 @@ class Config:
     lowest priority, so this takes a stream besides it, and one more fork and join wait per call: a
     fork/join of k branches then needs 2k waits instead of 2(k-1). Off by default: runs 27-29
     (docs/PERF.md) found no consistent effect of priorities on the four-stream times."""
-    train_channels_last: bool = False
+    train_channels_last: bool = True
     """A graph that trains through torch.compile(backend="streamfuse") and has 2-D convolutions runs
     them channels_last: each reads its input and weight converted so, and AOTAutograd traces the
     forward and backward in that layout (capture/train_layout.py), so cuDNN's NHWC kernels need no
     layout conversions around every convolution and its backward (resnet50's training step on an
     H100 spent 2.16 of 16.8 busy ms in them, run 195). Outputs keep eager's layout. Graphs with a
-    grouped convolution, depthwise included, are left NCHW. H100, batch 32 (runs 203-204): resnet50
-    18.38 -> 16.99 ms, googlenet 11.79 -> 11.40; efficientnet_b0 (depthwise) 12.76 -> 17.07 before
-    depthwise graphs were excluded. Off until the GPU tests have run with it on."""
+    grouped convolution, depthwise included, are left NCHW. H100, batch 32, off -> on (runs 205-207,
+    one machine): resnet50 18.33 -> 16.53-17.31 ms (Inductor 18.76), googlenet 12.43 -> 11.72;
+    mobilenet_v3_small and efficientnet_b0 (depthwise) keep their NCHW plan. Under TF32 (cuDNN's
+    default) the NHWC algorithms round differently from eager's NCHW ones: gradients differ from
+    eager's by TF32's own error (3e-4 relative on a first convolution's weight, run 205), as eager's
+    channels_last does."""
     training_max_streams: int = 1
     """max_streams for the forward and backward graphs of a training step through torch.compile
     (with backend_cuda_graphs), which keep their memory pool (with the saved activations) for the

@@ -175,8 +175,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
     in_place = store_in_place(plan, steps, graph, slot) if config.store_in_place else set()  # runtime/writeback.py
-    if config.store_in_place:
-        scatter_into_fresh(plan, steps, graph, schedule.stream_of)
+    if config.store_in_place:  # the streams matter only where the call runs on several (Executable.stream_runner)
+        multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
+        scatter_into_fresh(plan, steps, graph, schedule.stream_of if multi else {})
     mark_pdl_launches(steps, schedule, config.pdl_beside_others, config.pdl_after_convolutions)
     clock.lap("steps")
     # 7. the generated kernels compiled ahead of the first call, several at once

@@ -95,7 +95,8 @@ def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: d
     - The scatter's other arguments cannot read the buffer: it has no other reader, no other view.
     - Only where the buffer is made on the scatter's stream (`stream_of`: step index -> stream): the
       result lives in the buffer's memory, which the caching allocator ties to the stream it was
-      allocated on, and the stream plan's releases assume the scatter's."""
+      allocated on, and the stream plan's releases assume the scatter's. Empty where the call runs on
+      one stream (the reference executor, CPU tensors, training graphs): every step is on it."""
     outputs = set(map(id, graph.outputs))
     owner = {n: i for i, g in enumerate(plan.groups) for n in g.nodes}
     done = 0
