@@ -118,31 +118,34 @@ def test_batch_norm_gradients_sum_along_the_channels(config, device, monkeypatch
     """In channels_last the batch norms' backward sums over N, H and W read rows that lie next to
     each other (the channels are innermost): they run as the rows-contiguous looped reduction, each
     row tile split across programs on a 16-SM device (on the CPU; on the GPU its own SMs, 4x the
-    batch and 32x32 images). Loss, gradients, parameters and running statistics match eager over three SGD steps."""
+    batch, 32x32 images, and eager in channels_last). Loss, gradients, parameters and running
+    statistics match eager over three SGD steps."""
     from test_training import train_and_compare
 
     from streamfuse.fusion.geometry import looped_split
     from streamfuse.runtime import executable
 
-    batch, size, dtype = 8, 16, torch.float32
+    batch, size, layout = 8, 16, torch.contiguous_format
     if device.type == "cpu":
         monkeypatch.setattr(executable, "DEFAULT_SM_COUNT", 16)
     else:
         # 4x the batch and 4x the image: 64 rows of 32,768 fill an H100's 132 SMs twice over once
         # split (fusion/geometry.fills_rows_contiguous); at 16x16 they do not and the sums run one
-        # row per program (run 205). Float64: eager's convolutions run NCHW, the backend's
-        # channels_last, and cuDNN's two algorithms sum the weight gradients' 32,768 products in
-        # different orders: 1.7e-5 apart in float32 even with TF32 off (run 209; 3e-3 with it on,
-        # run 204), where this test compares the plan's own sums
-        batch, size, dtype = batch * 4, 32, torch.float64
+        # row per program (run 205). Eager in channels_last too: cuDNN's NCHW and NHWC algorithms sum
+        # a weight gradient's 32,768 products in different orders, 1.7e-5 apart in float32 even with
+        # TF32 off (run 209; 3e-3 with it on, run 204). Not float64: cuDNN runs float64 NCHW whatever
+        # the input's layout, and the sums would not be rows-contiguous
+        batch, size, layout = batch * 4, 32, torch.channels_last
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 16
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
                           nn.Conv2d(64, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).to(device, dtype)
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).to(device, memory_format=layout)
     gen = torch.Generator().manual_seed(3)
-    batches = [(torch.randn(batch, 3, size, size, generator=gen, dtype=dtype).to(device), torch.randint(0, 10, (batch,), generator=gen).to(device))
-               for _ in range(3)]
+    batches = [(torch.randn(batch, 3, size, size, generator=gen).to(device, memory_format=layout),
+                torch.randint(0, 10, (batch,), generator=gen).to(device)) for _ in range(3)]
     first = len(compiled_graphs)
     config = config.replace(train_channels_last=True)
     train_and_compare(model, batches, lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), config)
