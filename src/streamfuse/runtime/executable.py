@@ -175,9 +175,9 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    launch where the launch before a kernel on its stream is one of ours
     steps = _hoist_constant_aliases(plan, steps, graph)
     in_place = store_in_place(plan, steps, graph, slot) if config.store_in_place else set()  # runtime/writeback.py
-    if config.store_in_place:  # the streams matter only where the call runs on several (Executable.stream_runner)
-        multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
-        scatter_into_fresh(plan, steps, graph, schedule.stream_of if multi else {})
+    if config.store_in_place:  # the streams matter only where the call runs on several
+        on_streams = runs_on_streams(device, executor, schedule)
+        scatter_into_fresh(plan, steps, graph, schedule.stream_of if on_streams else {})
     mark_pdl_launches(steps, schedule, config.pdl_beside_others, config.pdl_after_convolutions)
     clock.lap("steps")
     # 7. the generated kernels compiled ahead of the first call, several at once
@@ -195,6 +195,12 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     exe.precompile_failures = failures
     exe.compile_times = clock.laps
     return exe
+
+
+def runs_on_streams(device: torch.device, executor: str, schedule: StreamSchedule) -> bool:
+    """A call runs its steps on the schedule's several CUDA streams (a StreamRunner); otherwise every
+    step runs on the caller's stream, in order."""
+    return device.type == "cuda" and executor == "triton" and schedule.streams > 1
 
 
 class StageClock:
@@ -337,8 +343,8 @@ class Executable:
         self.writebacks: list[tuple[int, int]] = []
         """(output index, slot): the other writebacks, copied into their inputs at the end of every call."""
         self.use_in_place(frozenset())
-        multi = device.type == "cuda" and executor == "triton" and schedule.streams > 1
-        self.stream_runner = StreamRunner(self, schedule, device) if multi else None
+        on_streams = runs_on_streams(device, executor, schedule)
+        self.stream_runner = StreamRunner(self, schedule, device) if on_streams else None
         self.converted_weights = [s for s in steps if isinstance(s, ChannelsLastConvStep) and s.source is not None]
         """Convolutions holding a channels_last copy of a live weight (refresh_weights)."""
 
