@@ -31,7 +31,7 @@ from streamfuse.ir.lowerings import Builder
 _ADD = "aten.add.Tensor"
 _INDEX_PUT = "aten.index_put.default"
 FILLS = {"aten.full.default": 1, "aten.full_like.default": 1, "aten.new_full.default": 2,
-               "aten.zeros.default": None, "aten.zeros_like.default": None, "aten.new_zeros.default": None}
+         "aten.zeros.default": None, "aten.zeros_like.default": None, "aten.new_zeros.default": None}
 """Ops whose result is a new buffer of their own filled with one value: the position of the fill
 value (None: zeros). runtime/writeback.py runs a scatter in place on such a buffer."""
 
@@ -92,7 +92,6 @@ def _zero_fill(node: Node) -> bool:
         return True
     value = node.args[at] if len(node.args) > at else node.kwargs.get("fill_value")
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
-
 
 
 def _dense(node: Node) -> bool:

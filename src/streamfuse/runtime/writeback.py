@@ -18,8 +18,8 @@ import torch
 from streamfuse.fusion.groups import GroupKind, Plan
 from streamfuse.ir.graph import Graph, Node, iter_nodes
 from streamfuse.ir.indexing import is_contiguous_meta
-from streamfuse.ir.scatter_add import FILLS
 from streamfuse.ir.ops import OpKind
+from streamfuse.ir.scatter_add import FILLS
 from streamfuse.runtime.steps import KernelStep, NodeStep, Step
 from streamfuse.schedule.plan import launch_predecessors
 
@@ -125,12 +125,10 @@ def scatter_into_fresh(plan: Plan, steps: list[Step], graph: Graph, stream_of: d
     return done
 
 
-_FRESH = frozenset(FILLS)
-"""Ops whose result is a new buffer of their own (filled with a value): nothing else can see it."""
-
-_FRESH_RESULTS = frozenset({"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
-                            "aten.clone.default", "aten._to_copy.default"})
-"""ATen ops whose result is always a new buffer of their own."""
+_FRESH = frozenset(FILLS) | {"aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+                             "aten.clone.default", "aten._to_copy.default"}
+"""ATen ops whose result is always a new buffer of their own (a fill, a product, a copy): nothing
+else can see it."""
 
 
 def _fresh_base(dst: Node, plan: Plan, steps: list[Step], owner: dict[Node, int], outputs: set[int]) -> Node | None:
@@ -156,7 +154,7 @@ def _fresh_base(dst: Node, plan: Plan, steps: list[Step], owner: dict[Node, int]
             # run through ATen, where a view is its argument's memory
             fresh = not step.out_into and node.kind not in (OpKind.VIEW, OpKind.BROADCAST, OpKind.GETITEM)
         else:  # an ATen op (or a group's ops run one by one: the reference executor, a failed kernel)
-            fresh = node.op in _FRESH or node.op in _FRESH_RESULTS
+            fresh = node.op in _FRESH
         return node if fresh else None
 
 
