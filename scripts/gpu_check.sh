@@ -48,7 +48,7 @@ if [ "${1:-}" = record ]; then
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
            models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt s43-llama.txt s43-red.txt s43-timm.txt s43-timm.json s43-bert.txt s43-epi.txt s43-ddp.txt s44-red.txt s44-exp.txt s44-red2.txt s44-tp.txt s44-b1.txt s44-timm.txt s44-timm.json s45-vit.txt s45-bf16.txt s45-kbe.txt s45-gpt2.txt s45-mm.txt s45-mm2.txt s45-check.txt s46-tp.txt s46-train.txt s46-train.json s46-fold.txt s46-b1.txt s47-graph.txt s47-backend.txt s48-host.txt s49-bhost.txt s49-gap.txt s49-sym.txt s49-tests.txt s49-timm.txt s49-timm.json s50-tests.txt s50-timm.txt s50-timm.json s50-suite.txt s50-b1.txt s50-b1bf.txt s50-r50prof.txt s50-bnt.txt s50-bncheck.txt s50-bncheck.json s50-bntrain.txt s51-tests.txt s51-train-off.txt s51-train.txt s51-check.txt s51-check.json s51-tests2.txt s51-r50prof.txt s51-gputests.txt s51-textcheck.txt s51-textcheck.json s51-text.txt s51-longrows.txt s51-longrows2.txt s51-train2-off.txt s51-train2.txt s51-gputests2.txt s51-textcheck2.txt s51-textcheck2.json s51-text2.txt \
-           s52-quick.txt s52-train-off.txt s52-train-a.txt s52-train-b.txt s52-check.txt s52-check.json s52-tests.txt s52-r50prof.txt s53-mem.txt s53-one.txt s54-vision.txt s54-r50c.txt; do
+           s52-quick.txt s52-train-off.txt s52-train-a.txt s52-train-b.txt s52-check.txt s52-check.json s52-tests.txt s52-r50prof.txt s53-mem.txt s53-one.txt s54-vision.txt s54-r50c.txt s55-tests.txt s55-pool.txt s55-warm.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -500,6 +500,19 @@ step s53-one 560 bash -c 'python3 benchmarks/training.py --models resnet50,mobil
 step s54-vision 260 python3 benchmarks/training.py --models resnet50,mobilenet_v3_small,efficientnet_b0,googlenet \
   --modes eager,streamfuse --steps 10
 step s54-r50c 200 python3 benchmarks/training.py --models resnet50 --modes compile,streamfuse --steps 10
+# session 55: the two tests session 54 changed and never ran on the GPU (the layout test's channels_last
+# eager branch, the scatter's stream map), DDP, then what fills BERT-base's and GPT-2's training pools
+step s55-tests 240 python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_train_layout.py \
+  tests/test_scatter_fresh.py tests/test_distributed.py tests/test_training.py
+step s55-pool 300 python3 benchmarks/pool_history.py --models bert-base,gpt2 --steps 8
+# session 55: Config.training_warmup_pool (the calls before the graphs record allocate in a pool of their
+# own; off until measured): its GPU tests, each training step's whole reservation (one process per
+# mode) without it and with it, then the allocator's history with it (run 211 had it without)
+step s55-warm 560 bash -c 'python3 -m pytest -q -n 4 -W ignore -p no:logging --tb=short tests/test_memory.py \
+  tests/test_replay.py tests/test_training.py; for m in eager streamfuse; do python3 benchmarks/training.py \
+  --models bert-base,gpt2 --modes $m --no-check --steps 5; done; python3 benchmarks/training.py \
+  --models bert-base,gpt2 --modes streamfuse --no-check --steps 5 --set training_warmup_pool=true; \
+  python3 benchmarks/alloc_history.py --models bert-base,gpt2 --modes streamfuse --set training_warmup_pool=true'
 # session 43: DDP over the backend (NCCL, one process), training with CUDA graphs replaying
 step s43-ddp 90 python3 -m pytest -q -W ignore -p no:logging tests/test_distributed.py
 # session 43: llama at batch 1 through both entry points (the one s38-suite row no run has covered)
@@ -621,7 +634,7 @@ for f in s47-backend s46-tp s46-b1 s45-vit s45-bf16 s45-gpt2 s44-tp s44-b1 s43-b
 [ -f "$OUT/s31-tests.txt" ] && tail -8 "$OUT/s31-tests.txt"
 [ -f "$OUT/s32-tests.txt" ] && tail -8 "$OUT/s32-tests.txt"
 [ -f "$OUT/s32b-tests.txt" ] && tail -8 "$OUT/s32b-tests.txt"
-for f in s54-vision s54-r50c s53-one s53-mem s52-quick s52-train-off s52-train-a s52-train-b s52-check s52-tests s51-tests s51-train-off s51-train s51-check s51-tests2 s51-gputests s51-textcheck s51-text s51-longrows s51-longrows2 s51-train2-off s51-train2 s51-gputests2 s51-textcheck2 s51-text2 s50-suite s50-tests s49-sym s49-tests s49-gap s49-bhost s48-host s47-graph s46-fold s45-mm s45-mm2 s45-check s39-gate s39-detect s40-red s41-fixes s42-fixes s43-ddp s43-red s43-epi s44-red s44-exp s44-red2; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
+for f in s55-warm s55-tests s55-pool s54-vision s54-r50c s53-one s53-mem s52-quick s52-train-off s52-train-a s52-train-b s52-check s52-tests s51-tests s51-train-off s51-train s51-check s51-tests2 s51-gputests s51-textcheck s51-text s51-longrows s51-longrows2 s51-train2-off s51-train2 s51-gputests2 s51-textcheck2 s51-text2 s50-suite s50-tests s49-sym s49-tests s49-gap s49-bhost s48-host s47-graph s46-fold s45-mm s45-mm2 s45-check s39-gate s39-detect s40-red s41-fixes s42-fixes s43-ddp s43-red s43-epi s44-red s44-exp s44-red2; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -30; done
 [ -f "$OUT/gputests5.txt" ] && { grep -E "FAILED|ERROR|^E |passed|failed" "$OUT/gputests5.txt" | head -30; }
 for f in s36-train-check s36-train-rest s36-train-amp s37-shuf s38-timm-a s38-timm-b s40-mbv3 s43-timm s44-timm; do [ -f "$OUT/$f.txt" ] && grep -v -i warn "$OUT/$f.txt" | tail -25; done
 [ -f "$OUT/kprof-gpt2-nopdl.txt" ] && grep -E "kernel time|total|^gpt2" "$OUT/kprof-gpt2-nopdl.txt"

@@ -266,6 +266,73 @@ def test_compiling_recording_and_dropping_models_gives_all_their_memory_back(con
     assert leaked <= 1 << 20, (leaked, _live_blocks_since(before))
 
 
+def _pool_of(t: torch.Tensor) -> tuple[int, int]:
+    """The allocator pool whose segment holds `t`'s memory ((0, 0): the default pool)."""
+    ptr = t.data_ptr()
+    for seg in torch.cuda.memory_snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return tuple(seg.get("segment_pool_id", (0, 0)))  # type: ignore[return-value]
+    raise AssertionError(f"no segment holds {ptr:#x}")
+
+
+@gpu
+@pytest.mark.parametrize("warmup_pool", [True, False])
+def test_training_calls_before_the_graphs_record_allocate_in_a_pool_given_back_after(config, warmup_pool) -> None:  # type: ignore[no-untyped-def]
+    """Run 211: the backend's training calls before its CUDA graphs record (step by step) left their
+    activations' and gradients' free blocks in the default pool among the parameters and the
+    optimizer's state allocated beside them, where no replay reuses them (BERT-base: 277 MiB).
+    With Config.training_warmup_pool those calls allocate in a pool of their own (the first
+    gradients lie there), and that pool is gone once the graphs recorded and its tensors were freed."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from test_runtime import mlp
+
+    torch.manual_seed(0)
+    model = mlp(256, 1024, 256).cuda()
+    reference = mlp(256, 1024, 256).cuda()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(64, 256, device="cuda")
+    backend = torch.compile(model, backend=streamfuse.make_backend(config.replace(training_warmup_pool=warmup_pool)))
+    backend(x).square().mean().backward()
+    reference(x).square().mean().backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    assert {_pool_of(g) != (0, 0) for g in grads} == {warmup_pool}  # type: ignore[arg-type]
+    for g, want in zip(grads, [p.grad for p in reference.parameters()], strict=True):
+        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
+    warm_pools = {_pool_of(g) for g in grads} - {(0, 0)}  # type: ignore[arg-type]
+    del grads
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=1e-2, momentum=0.9)
+    opt.step()
+    ref_opt.step()
+    for _ in range(8):  # the forward and backward graphs record within six calls (runtime/replay.py)
+        opt.zero_grad(set_to_none=True)
+        ref_opt.zero_grad(set_to_none=True)
+        loss = backend(x).square().mean()
+        loss.backward()
+        reference(x).square().mean().backward()
+        opt.step()
+        ref_opt.step()
+    stats = [g.replay_stats for g in backend_graphs() if hasattr(g, "replay_stats")][-2:]
+    assert [s.recordings for s in stats] == [1, 1], [s.history for s in stats]
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    del loss
+    opt.zero_grad(set_to_none=True)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    left = {tuple(seg.get("segment_pool_id", (0, 0))) for seg in torch.cuda.memory_snapshot()}
+    assert not warm_pools & left, (warm_pools, left)
+
+
+def backend_graphs() -> list[Any]:
+    from streamfuse.capture import backend as backend_module
+
+    return list(backend_module.compiled_graphs)
+
+
 class _Branches(torch.nn.Module):
     """Independent matmuls on one input (the runner puts them on side streams), long K and few rows
     (shapes where cuBLAS uses its workspace for split-K)."""

@@ -63,6 +63,7 @@ random numbers come from ATen never records (explain says so).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +128,19 @@ class ReplayStats:
     history: list[str] = field(default_factory=list)
 
 
+class _WarmupPool:
+    """One memory pool that every training graph of a device allocates in before it records
+    (Config.training_warmup_pool): shared, so that a backward reuses its forward's freed activations
+    as in the default pool, and gone once no graph holds it any more."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.MemPool()
+
+
+_WARMUP_POOLS: weakref.WeakValueDictionary[int, _WarmupPool] = weakref.WeakValueDictionary()
+"""The warm-up pool of each device (by index), while a training graph that has not recorded holds it."""
+
+
 class ReplayGraph:
     """A backend training graph (forward or backward) that records and replays a PinnedGraph."""
 
@@ -151,6 +165,8 @@ class ReplayGraph:
         self._pinned: list[bool] | None = None
         self._misses = 0
         self.replay_stats = ReplayStats()
+        self._warm: _WarmupPool | None = None
+        """The memory pool of the calls before this graph records (Config.training_warmup_pool)."""
 
     @classmethod
     def _unusable(cls, compiled: CompiledGraph) -> str | None:
@@ -224,7 +240,28 @@ class ReplayGraph:
             if recorded is not None:
                 return recorded
         stats.step_by_step += 1
+        pool = self._warmup_pool()
+        if pool is not None:
+            with torch.cuda.use_mem_pool(pool, self.compiled.device):
+                return self.compiled.run_flat(args, follow_seed=False)
         return self.compiled.run_flat(args, follow_seed=False)  # drawn above: one draw per call
+
+    def _warmup_pool(self) -> Any:
+        """The pool this call allocates in while the graph has not recorded yet and may
+        (Config.training_warmup_pool: _WarmupPool), or None (the default pool). Dropped here once the
+        graph records or never will; once no graph holds it, its memory goes back to the device with
+        the next emptying of the allocator's cache (every capture's start) after the last of its
+        tensors is freed."""
+        if self.graph is not None or self.reason is not None or self.compiled.eager_reason is not None \
+                or _capturing():
+            self._warm = None
+            return None
+        device = self.compiled.device
+        if self._warm is None and self.compiled.config.training_warmup_pool \
+                and device.type == "cuda" and hasattr(torch.cuda, "use_mem_pool"):
+            self._warm = _WARMUP_POOLS.get(device.index or 0) or _WarmupPool()
+            _WARMUP_POOLS[device.index or 0] = self._warm
+        return self._warm.pool if self._warm is not None else None
 
     def _unshare(self, args: list[Any], graph: PinnedGraph) -> list[Any] | None:
         """The forward's replay is blocked by gradients of the backward recorded into its pool, still
@@ -323,6 +360,7 @@ class ReplayGraph:
                 self.reason = "an input written in place (a running statistic) moves between calls"
             return None
         source = self._source(args, pinned)
+        self._warm = None  # free before the capture empties the cache: this call's own buffers are the graph's
         note = f"recorded, {sum(pinned)} of {len(args)} inputs read in place"
         if source is not None:
             note += "; into the forward's pool, taking over its saved activations' memory"
