@@ -287,6 +287,8 @@ def test_training_calls_before_the_graphs_record_allocate_in_a_pool_given_back_a
         pytest.skip("needs a CUDA GPU")
     from test_runtime import mlp
 
+    from streamfuse.capture import backend as backend_module
+
     torch.manual_seed(0)
     model = mlp(256, 1024, 256).cuda()
     reference = mlp(256, 1024, 256).cuda()
@@ -314,7 +316,7 @@ def test_training_calls_before_the_graphs_record_allocate_in_a_pool_given_back_a
         reference(x).square().mean().backward()
         opt.step()
         ref_opt.step()
-    stats = [g.replay_stats for g in backend_graphs() if hasattr(g, "replay_stats")][-2:]
+    stats = [g.replay_stats for g in backend_module.compiled_graphs if hasattr(g, "replay_stats")][-2:]
     assert [s.recordings for s in stats] == [1, 1], [s.history for s in stats]
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
@@ -325,12 +327,6 @@ def test_training_calls_before_the_graphs_record_allocate_in_a_pool_given_back_a
     torch.cuda.empty_cache()
     left = {tuple(seg.get("segment_pool_id", (0, 0))) for seg in torch.cuda.memory_snapshot()}
     assert not warm_pools & left, (warm_pools, left)
-
-
-def backend_graphs() -> list[Any]:
-    from streamfuse.capture import backend as backend_module
-
-    return list(backend_module.compiled_graphs)
 
 
 class _Branches(torch.nn.Module):

@@ -246,7 +246,7 @@ class ReplayGraph:
                 return self.compiled.run_flat(args, follow_seed=False)
         return self.compiled.run_flat(args, follow_seed=False)  # drawn above: one draw per call
 
-    def _warmup_pool(self) -> Any:
+    def _warmup_pool(self) -> torch.cuda.MemPool | None:
         """The pool this call allocates in while the graph has not recorded yet and may
         (Config.training_warmup_pool: _WarmupPool), or None (the default pool). Dropped here once the
         graph records or never will; once no graph holds it, its memory goes back to the device with
@@ -257,8 +257,7 @@ class ReplayGraph:
             self._warm = None
             return None
         device = self.compiled.device
-        if self._warm is None and self.compiled.config.training_warmup_pool \
-                and device.type == "cuda" and hasattr(torch.cuda, "use_mem_pool"):
+        if self._warm is None and self.compiled.config.training_warmup_pool and device.type == "cuda":
             self._warm = _WARMUP_POOLS.get(device.index or 0) or _WarmupPool()
             _WARMUP_POOLS[device.index or 0] = self._warm
         return self._warm.pool if self._warm is not None else None
