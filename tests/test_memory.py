@@ -285,6 +285,14 @@ def test_training_calls_before_the_graphs_record_allocate_in_a_pool_given_back_a
     gradients lie there), and that pool is gone once the graphs recorded and its tensors were freed."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")  # frames for the failure's message
+    try:
+        _train_through_the_warmup_pool(config, warmup_pool)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _train_through_the_warmup_pool(config, warmup_pool: bool) -> None:  # type: ignore[no-untyped-def]
     from test_runtime import mlp
 
     from streamfuse.capture import backend as backend_module
@@ -300,9 +308,10 @@ def test_training_calls_before_the_graphs_record_allocate_in_a_pool_given_back_a
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None for g in grads)
     assert {_pool_of(g) != (0, 0) for g in grads} == {warmup_pool}  # type: ignore[arg-type]
-    for g, want in zip(grads, [p.grad for p in reference.parameters()], strict=True):
-        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grads, [p.grad for p in reference.parameters()], rtol=1e-4, atol=1e-5)
     warm_pools = {_pool_of(g) for g in grads} - {(0, 0)}  # type: ignore[arg-type]
+    # no name may keep a first gradient (run 212: a loop variable held the last one, and with it
+    # the pool's segment, to the end)
     del grads
     opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=1e-2, momentum=0.9)
@@ -326,7 +335,22 @@ def test_training_calls_before_the_graphs_record_allocate_in_a_pool_given_back_a
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     left = {tuple(seg.get("segment_pool_id", (0, 0))) for seg in torch.cuda.memory_snapshot()}
-    assert not warm_pools & left, (warm_pools, left)
+    assert not warm_pools & left, (warm_pools, left, _live_blocks_in(warm_pools))
+
+
+def _live_blocks_in(pools: set[tuple[int, int]]) -> list[str]:
+    """The live blocks of `pools`, each with its size and the Python frames that allocated it (where
+    the allocator's history is on): what keeps a pool from going back to the device."""
+    out = []
+    for seg in torch.cuda.memory_snapshot():
+        if tuple(seg.get("segment_pool_id", (0, 0))) not in pools:
+            continue
+        for block in seg.get("blocks", []):
+            if block.get("state") == "active_allocated":
+                frames = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
+                          for f in block.get("frames", []) if f["filename"].endswith(".py")][:8]
+                out.append(f"{block.get('size')} B: {' < '.join(frames) or 'no Python frames'}")
+    return out
 
 
 class _Branches(torch.nn.Module):
