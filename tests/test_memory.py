@@ -218,13 +218,20 @@ def test_blas_workspaces_are_dropped_before_and_after_a_capture_even_when_it_fai
     assert calls == ["clear", "clear"]
 
 
-def _live_blocks_since(before: set[int]) -> list[str]:
-    """Live blocks allocated since `before` (their addresses), with their sizes: what a leak is made of."""
+def _live_blocks(pools: set[tuple[int, int]] | None = None, before: frozenset[int] | set[int] = frozenset()) -> list[str]:
+    """Live blocks (of `pools`, or all; less those at the addresses `before`), each with its size, pool
+    and the Python frames that allocated it where the allocator's history is on: what a leak is made of,
+    or what keeps a pool from going back to the device."""
     out = []
     for seg in torch.cuda.memory_snapshot():
+        pool = tuple(seg.get("segment_pool_id", (0, 0)))
+        if pools is not None and pool not in pools:
+            continue
         for block in seg.get("blocks", []):
             if block.get("state") == "active_allocated" and block.get("address") not in before:
-                out.append(f"{block.get('size')} B in pool {seg.get('segment_pool_id')}")
+                frames = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
+                          for f in block.get("frames", []) if f["filename"].endswith(".py")][:8]
+                out.append(f"{block.get('size')} B in pool {pool}: {' < '.join(frames) or 'no Python frames'}")
     return out
 
 
@@ -263,7 +270,7 @@ def test_compiling_recording_and_dropping_models_gives_all_their_memory_back(con
     gc.collect()
     torch.cuda.synchronize()
     leaked = torch.cuda.memory_allocated() - base
-    assert leaked <= 1 << 20, (leaked, _live_blocks_since(before))
+    assert leaked <= 1 << 20, (leaked, _live_blocks(before=before))
 
 
 def _pool_of(t: torch.Tensor) -> tuple[int, int]:
@@ -335,22 +342,8 @@ def _train_through_the_warmup_pool(config, warmup_pool: bool) -> None:  # type: 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     left = {tuple(seg.get("segment_pool_id", (0, 0))) for seg in torch.cuda.memory_snapshot()}
-    assert not warm_pools & left, (warm_pools, left, _live_blocks_in(warm_pools))
+    assert not warm_pools & left, (warm_pools, left, _live_blocks(warm_pools))
 
-
-def _live_blocks_in(pools: set[tuple[int, int]]) -> list[str]:
-    """The live blocks of `pools`, each with its size and the Python frames that allocated it (where
-    the allocator's history is on): what keeps a pool from going back to the device."""
-    out = []
-    for seg in torch.cuda.memory_snapshot():
-        if tuple(seg.get("segment_pool_id", (0, 0))) not in pools:
-            continue
-        for block in seg.get("blocks", []):
-            if block.get("state") == "active_allocated":
-                frames = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
-                          for f in block.get("frames", []) if f["filename"].endswith(".py")][:8]
-                out.append(f"{block.get('size')} B: {' < '.join(frames) or 'no Python frames'}")
-    return out
 
 
 class _Branches(torch.nn.Module):
