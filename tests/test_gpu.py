@@ -345,3 +345,17 @@ def test_capture_failure_falls_back_to_streams_with_a_reason(config) -> None:  #
     # the failed capture left torch's CUDA random-number generator usable (run 24: it did not)
     assert torch.randn(8, device="cuda").std() > 0
     assert torch.nn.functional.dropout(torch.ones(64, device="cuda"), 0.5).sum() > 0
+    # ... and no allocator routing to its pool (session 57: torch 2.11 kept it registered, after which
+    # empty_cache kept every cached block of the default pool and dropping a MemPool aborted)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    block = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    del block
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= before
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        kept = torch.randn(1 << 20, device="cuda")
+    del kept, pool  # the pool's cache emptied as it goes: aborted here before
+    torch.cuda.synchronize()

@@ -218,6 +218,81 @@ def test_blas_workspaces_are_dropped_before_and_after_a_capture_even_when_it_fai
     assert calls == ["clear", "clear"]
 
 
+def test_a_failed_capture_ends_the_allocators_routing_to_its_pool(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Session 57, run 1: torch 2.11 left a failed capture's routing registered (its capture_end raised
+    before ending it); a warm-up pool dropped later in that process aborted it. recording() ends the
+    routing when the capture raises, and only then; torch refusing (it ended it) is no error."""
+    from contextlib import contextmanager
+
+    from streamfuse.profile import timing
+
+    ended: list[tuple[int, tuple[int, int]]] = []
+    refuse = [False]
+
+    def end(device: int, pool: tuple[int, int]) -> None:
+        if refuse[0]:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        ended.append((device, pool))
+
+    @contextmanager
+    def graph(g, pool, capture_error_mode):  # type: ignore[no-untyped-def]
+        assert capture_error_mode == "thread_local"
+        yield
+        if g == "bad":
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None, raising=False)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 9))
+    with timing.recording("good", (0, 5)):  # type: ignore[arg-type]
+        pass
+    assert ended == []
+    with pytest.raises(RuntimeError, match="stream is capturing"), timing.recording("bad"):  # type: ignore[arg-type]
+        pass
+    assert ended == [(3, (0, 9))]
+    refuse[0] = True
+    with pytest.raises(RuntimeError, match="stream is capturing"), timing.recording("bad", (0, 5)):  # type: ignore[arg-type]
+        pass
+    assert not timing.end_routing(3, (0, 5))
+
+
+def test_a_warmup_pool_dropped_while_routing_is_registered_waits(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Dropping a MemPool empties its cache, which torch refuses (aborting) while a capture or a
+    use_mem_pool is under way: a warm-up pool whose last holder goes then (a graph collected as
+    garbage inside a capture) is kept until the next call outside both."""
+    from streamfuse.runtime import replay
+
+    class Pool:
+        pass
+
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "MemPool", Pool)
+    monkeypatch.setattr(replay, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(replay, "_DEFERRED", [])
+    warm = replay._WarmupPool()
+    pool = warm.pool
+    del warm
+    gc.collect()
+    assert replay._DEFERRED == [pool]
+    replay._release_deferred()  # still capturing
+    assert replay._DEFERRED == [pool]
+    capturing[0] = False
+    replay._IN_WARMUP_POOL[0] += 1  # inside a warm-up call's use_mem_pool
+    try:
+        replay._release_deferred()
+        assert replay._DEFERRED == [pool]
+        replay._WarmupPool()  # dropped at once: deferred too
+        assert len(replay._DEFERRED) == 2
+    finally:
+        replay._IN_WARMUP_POOL[0] -= 1
+    replay._release_deferred()
+    assert replay._DEFERRED == []
+    replay._WarmupPool()  # outside both: dropped at once, as before
+    assert replay._DEFERRED == []
+
+
 def _live_blocks(pools: set[tuple[int, int]] | None = None, before: frozenset[int] | set[int] = frozenset()) -> list[str]:
     """Live blocks (of `pools`, or all; less those at the addresses `before`), each with its size, pool
     and the Python frames that allocated it where the allocator's history is on: what a leak is made of,

@@ -61,6 +61,41 @@ def blas_workspaces_in_pool() -> Iterator[None]:
             clear()
 
 
+@contextmanager
+def recording(graph: torch.cuda.CUDAGraph, pool: tuple[int, int] | None = None,
+              thread_local: bool = True) -> Iterator[None]:
+    """`torch.cuda.graph(graph, pool=pool)` inside blas_workspaces_in_pool, that leaves the caching
+    allocator consistent when the capture fails.
+
+    torch 2.11's capture_end checks cudaStreamEndCapture's error before it ends the allocator's
+    routing to the capture's pool, so a failed capture (an operation illegal under capture: a
+    synchronizing custom op, a host read) left that routing registered for good. With any routing
+    registered, `torch.cuda.empty_cache()` keeps every cached block of the default pool, and
+    dropping a `torch.cuda.MemPool` whose pool becomes freeable aborts the process (an internal
+    assert in a destructor: run 1 of session 57, the warm-up pool of Config.training_warmup_pool,
+    dropped in a worker where test_gpu's capture failure had run). Newer torch ends the routing
+    itself; ending it here is then refused, which is fine. thread_local: see runtime/pinned.py."""
+    device = torch.cuda.current_device()
+    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+    try:
+        with blas_workspaces_in_pool(), torch.cuda.graph(graph, pool=pool,
+                                                         capture_error_mode="thread_local" if thread_local else "global"):
+            yield
+    except BaseException:
+        end_routing(device, pool)
+        raise
+
+
+def end_routing(device: int, pool: tuple[int, int]) -> bool:
+    """End the caching allocator's routing of allocations to `pool` if a failed capture left it
+    (recording); False where none was left."""
+    try:
+        torch._C._cuda_endAllocateToPool(device, pool)  # type: ignore[attr-defined]
+    except RuntimeError:  # "not currently recording to mempool_id": torch ended it
+        return False
+    return True
+
+
 def capture_graph(fn: Callable[[], Any], calls: int = 1, warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
     """`fn` warmed up on a side stream, then `calls` calls of it captured into one CUDA graph;
     returns the graph and what the last captured call returned (its static outputs)."""
@@ -72,7 +107,7 @@ def capture_graph(fn: Callable[[], Any], calls: int = 1, warmup: int = 3) -> tup
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     out = None
-    with blas_workspaces_in_pool(), torch.cuda.graph(graph):
+    with recording(graph, thread_local=False):
         for _ in range(calls):
             out = fn()
     return graph, out

@@ -24,6 +24,7 @@ import torch.utils._pytree as pytree
 from streamfuse.config import Config
 from streamfuse.ir.batch import batch_rows, padded_outputs
 from streamfuse.ir.graph import Graph
+from streamfuse.profile.timing import recording
 from streamfuse.runtime.buckets import BatchBuckets
 from streamfuse.runtime.executable import Executable, build_executable
 from streamfuse.runtime.fallback import failure_text, warn_fallback
@@ -489,7 +490,7 @@ def _settle_generators(device: torch.device) -> None:
     outside graph capture" (PERF.md run 24). One trivial capture runs their begin and end again."""
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with recording(graph, thread_local=False):
             torch.zeros(1, device=device).add_(1)
     except Exception:  # noqa: BLE001 - best effort; the failure reason is already recorded
         torch.cuda.synchronize(device)

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from streamfuse.profile.timing import blas_workspaces_in_pool
+from streamfuse.profile.timing import recording
 from streamfuse.runtime import cudart
 from streamfuse.runtime.executable import Executable
 from streamfuse.runtime.inputs import pad_rows
@@ -91,8 +91,7 @@ class _Instance:
         self.graph = torch.cuda.CUDAGraph(keep_graph=sources is not None)
         # the capture's cuBLAS workspaces in its own pool (not the warm-up's, from the default pool)
         # thread_local as in runtime/pinned.py: other threads' CUDA calls stay legal while this one records
-        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle(),
-                                                         capture_error_mode="thread_local"):
+        with recording(self.graph):
             # measured inside: entering the capture empties the allocator's cache, so a count taken
             # before it could fall by more than the pool grows (run 73: a negative size kept a graph
             # beyond Config.graph_memory_fraction)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from streamfuse.profile.timing import blas_workspaces_in_pool
+from streamfuse.profile.timing import recording
 from streamfuse.runtime.compiled import CompiledGraph
 from streamfuse.runtime.graphs import OutputGuard
 from streamfuse.runtime.memory import storage_bytes
@@ -195,7 +195,7 @@ class PinnedGraph:
         # thread_local, as Inductor's CUDA graph trees: other threads (a DataLoader's pin-memory thread)
         # may call CUDA while this thread records; the default global mode forbids their unsafe calls
         # (cudaMalloc, cudaHostAlloc) for the capture's duration
-        with blas_workspaces_in_pool(), torch.cuda.graph(self.graph, pool=self.pool, capture_error_mode="thread_local"):
+        with recording(self.graph, self.pool):
             extra = self.first_block()
             if extra > 0:  # one block, freed at once: the capture's buffers are cut from it
                 block = torch.empty(extra, dtype=torch.uint8, device=exe.device)

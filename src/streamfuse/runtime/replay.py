@@ -136,6 +136,29 @@ class _WarmupPool:
     def __init__(self) -> None:
         self.pool = torch.cuda.MemPool()
 
+    def __del__(self) -> None:
+        # torch's MemPool destructor empties the pool's cache, which aborts the process while any
+        # allocation routing is registered (a capture, or a use_mem_pool): a garbage-collected graph
+        # can drop the last holder inside one of ours. Such a pool waits for _release_deferred.
+        try:
+            unsafe = _IN_WARMUP_POOL[0] > 0 or _capturing()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing runs any more
+            return
+        if unsafe:
+            _DEFERRED.append(self.pool)
+
+
+_DEFERRED: list[torch.cuda.MemPool] = []
+"""Warm-up pools whose last holder went while dropping them was unsafe (_WarmupPool.__del__)."""
+_IN_WARMUP_POOL = [0]
+"""Calls running inside a warm-up pool now (use_mem_pool registers its routing for that long)."""
+
+
+def _release_deferred() -> None:
+    """Drop the pools _WarmupPool.__del__ kept, at a point where no routing of ours is registered."""
+    if _DEFERRED and _IN_WARMUP_POOL[0] == 0 and not _capturing():
+        _DEFERRED.clear()
+
 
 _WARMUP_POOLS: weakref.WeakValueDictionary[int, _WarmupPool] = weakref.WeakValueDictionary()
 """The warm-up pool of each device (by index), while a training graph that has not recorded holds it."""
@@ -242,8 +265,12 @@ class ReplayGraph:
         stats.step_by_step += 1
         pool = self._warmup_pool()
         if pool is not None:
-            with torch.cuda.use_mem_pool(pool, self.compiled.device):
-                return self.compiled.run_flat(args, follow_seed=False)
+            _IN_WARMUP_POOL[0] += 1
+            try:
+                with torch.cuda.use_mem_pool(pool, self.compiled.device):
+                    return self.compiled.run_flat(args, follow_seed=False)
+            finally:
+                _IN_WARMUP_POOL[0] -= 1
         return self.compiled.run_flat(args, follow_seed=False)  # drawn above: one draw per call
 
     def _warmup_pool(self) -> torch.cuda.MemPool | None:
@@ -252,6 +279,7 @@ class ReplayGraph:
         graph records or never will; once no graph holds it, its memory goes back to the device with
         the next emptying of the allocator's cache (every capture's start) after the last of its
         tensors is freed."""
+        _release_deferred()
         if self.graph is not None or self.reason is not None or self.compiled.eager_reason is not None \
                 or _capturing():
             self._warm = None

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from streamfuse.profile.timing import recording
 from streamfuse.tune.progress import progress_bar
 
 FORMAT = 1
@@ -303,7 +304,7 @@ def _graph_kernel_us(replays: int = 10) -> float:
             x.add_(1.0)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with recording(graph, thread_local=False):
         for _ in range(TINY_KERNELS):
             x.add_(1.0)
 
