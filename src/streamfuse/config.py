@@ -76,6 +76,10 @@ class Config:
     addmm (convnext_tiny's Linear layers ran 10% faster as addmm in run 83)."""
     addmm_split_margin: float = 0.05
     """Fraction by which `mm` must beat `addmm` for addmm_bias="auto" to split (timing noise)."""
+    pointwise_conv_mm: bool = False
+    """A convolution over a 1x1 image with a 1x1 filter (a squeeze-and-excitation block's two FC
+    layers) runs as the product it is, addmm or mm, instead of a cuDNN convolution (ir/conv_mm.py).
+    Off until measured against cuDNN on a GPU."""
     conv_bias_epilogue: bool = True
     """A convolution's bias is added by the pointwise kernel after it instead of by ATen, which adds
     it in a kernel of its own after cuDNN's (ir/conv_bias.py): where every reader is pointwise."""

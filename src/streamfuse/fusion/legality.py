@@ -260,7 +260,11 @@ def matmul_dims(node: Node) -> tuple[int, int, int, int]:
 
 
 def is_tile_shape(shape: tuple[int, ...], m: int, n: int) -> bool:
-    """The [m, n] tile, or a reshape of it that keeps the last dim (e.g. [B, T, n] with B*T = m)."""
+    """The [m, n] tile, or a reshape of it that keeps the last dim (e.g. [B, T, n] with B*T = m), with
+    any trailing dims of size one (a product viewed back to [N, S, 1, 1]: ir/conv_mm.py), which
+    leave every element where the row-major tile has it."""
+    while len(shape) > 2 and shape[-1] == 1 and n != 1:
+        shape = shape[:-1]
     return len(shape) >= 1 and shape[-1] == n and math.prod(shape[:-1]) == m
 
 

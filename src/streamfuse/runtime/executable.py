@@ -24,6 +24,7 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.constant_fold import fold_constants
 from streamfuse.ir.conv_bias import bias_to_epilogue
+from streamfuse.ir.conv_mm import convolutions_as_products
 from streamfuse.ir.conv_input import copy_strided_conv_inputs
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
@@ -65,6 +66,8 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     on_gpu = device.type == "cuda" and executor == "triton"
     if config.fold_constants:  # what depends on no input, parameter or buffer: computed once, here
         fold_constants(graph, config.fold_constants_max_bytes)
+    if config.pointwise_conv_mm:  # a 1x1 convolution of a 1x1 image -> addmm or mm
+        convolutions_as_products(graph)
     if config.linear_bias_addmm:  # mm + bias add -> addmm, the bias in cuBLAS's epilogue
         bias_into_addmm(graph)
     if config.fold_scatter_add:  # x + scatter into zeros -> the scatter into x
