@@ -24,11 +24,11 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import choose_matmuls
 from streamfuse.ir.constant_fold import fold_constants
 from streamfuse.ir.conv_bias import bias_to_epilogue
-from streamfuse.ir.conv_mm import convolutions_as_products
 from streamfuse.ir.conv_input import copy_strided_conv_inputs
+from streamfuse.ir.conv_mm import convolutions_as_products
 from streamfuse.ir.graph import Graph, Node
-from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
+from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.ir.scatter_add import fold_scatter_add
 from streamfuse.profile import known
