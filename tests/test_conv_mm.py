@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers import randn
+from helpers import exact_fp32, randn
 
 import streamfuse
 from streamfuse import Config
@@ -21,10 +21,8 @@ PRODUCTS = ("aten.addmm.default", "aten.mm.default")
 @pytest.fixture(autouse=True)
 def ieee() -> Iterator[None]:
     """Products and convolutions in full float32 (TF32 would round the two differently)."""
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+    with exact_fp32():
+        yield
 
 
 class SE(nn.Module):

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import exact_fp32
 from replay_emulation import emulate_replay
 from test_training import _assert_match, train_and_compare
 from torch import nn
@@ -48,10 +49,8 @@ def config(config: streamfuse.Config, device: torch.device) -> streamfuse.Config
 
 @pytest.fixture(autouse=True)
 def _exact_fp32() -> Iterator[None]:
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+    with exact_fp32():
+        yield
 
 
 class _ConvNet(nn.Module):
