@@ -219,9 +219,10 @@ def test_blas_workspaces_are_dropped_before_and_after_a_capture_even_when_it_fai
 
 
 def test_a_failed_capture_ends_the_allocators_routing_to_its_pool(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Session 57, run 1: torch 2.11 left a failed capture's routing registered (its capture_end raised
-    before ending it); a warm-up pool dropped later in that process aborted it. recording() ends the
-    routing when the capture raises, and only then; torch refusing (it ended it) is no error."""
+    """Run 213 (session 57): a test worker aborted as it dropped a warm-up pool. torch 2.11 leaves a
+    failed capture's routing registered (its capture_end raises before ending it), and dropping a
+    MemPool then aborts: the likely cause (PERF.md). recording() ends the routing when the capture
+    raises, and only then; torch refusing (it ended it) is no error."""
     from contextlib import contextmanager
 
     from streamfuse.profile import timing

@@ -72,9 +72,10 @@ def recording(graph: torch.cuda.CUDAGraph, pool: tuple[int, int] | None = None,
     synchronizing custom op, a host read) left that routing registered for good. With any routing
     registered, `torch.cuda.empty_cache()` keeps every cached block of the default pool, and
     dropping a `torch.cuda.MemPool` whose pool becomes freeable aborts the process (an internal
-    assert in a destructor: run 1 of session 57, the warm-up pool of Config.training_warmup_pool,
-    dropped in a worker where test_gpu's capture failure had run). Newer torch ends the routing
-    itself; ending it here is then refused, which is fine. thread_local: see runtime/pinned.py."""
+    assert in a destructor; run 213 aborted a test worker as it dropped the warm-up pool of
+    Config.training_warmup_pool, most likely after test_gpu's capture failure in that worker: PERF.md
+    session 57). Newer torch ends the routing itself; ending it here is then refused, which is fine.
+    thread_local: see runtime/pinned.py."""
     device = torch.cuda.current_device()
     pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     try:
