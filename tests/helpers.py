@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -19,17 +18,6 @@ TOLERANCE = {
     torch.bfloat16: (1.6e-2, 1.6e-2),
     torch.float64: (1e-10, 1e-10),
 }
-
-
-@contextmanager
-def exact_fp32() -> Iterator[None]:
-    """Products and convolutions in full float32 (no TF32) for the duration; the flags restored after."""
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers import exact_fp32, randn
+from helpers import randn
 
 import streamfuse
 from streamfuse import Config
+from streamfuse.bench.runner import exact_fp32
 
 nn = torch.nn
 CONV = "aten.convolution.default"

@@ -280,14 +280,12 @@ def test_a_warmup_pool_dropped_while_routing_is_registered_waits(monkeypatch) ->
     replay._release_deferred()  # still capturing
     assert replay._DEFERRED == [pool]
     capturing[0] = False
-    replay._IN_WARMUP_POOL[0] += 1  # inside a warm-up call's use_mem_pool
-    try:
-        replay._release_deferred()
-        assert replay._DEFERRED == [pool]
-        replay._WarmupPool()  # dropped at once: deferred too
-        assert len(replay._DEFERRED) == 2
-    finally:
-        replay._IN_WARMUP_POOL[0] -= 1
+    monkeypatch.setattr(replay, "_in_warmup_pool", 1)  # inside a warm-up call's use_mem_pool
+    replay._release_deferred()
+    assert replay._DEFERRED == [pool]
+    replay._WarmupPool()  # dropped at once: deferred too
+    assert len(replay._DEFERRED) == 2
+    monkeypatch.setattr(replay, "_in_warmup_pool", 0)
     replay._release_deferred()
     assert replay._DEFERRED == []
     replay._WarmupPool()  # outside both: dropped at once, as before

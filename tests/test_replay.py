@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import exact_fp32
 from replay_emulation import emulate_replay
 from test_training import _assert_match, train_and_compare
 from torch import nn
 
 import streamfuse
 import streamfuse.capture.backend as backend_module
+from streamfuse.bench.runner import exact_fp32
 from streamfuse.runtime import pinned as pinned_module
 from streamfuse.runtime import replay as replay_module
 from streamfuse.runtime.replay import ReplayGraph

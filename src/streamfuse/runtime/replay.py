@@ -141,7 +141,7 @@ class _WarmupPool:
         # allocation routing is registered (a capture, or a use_mem_pool): a garbage-collected graph
         # can drop the last holder inside one of ours. Such a pool waits for _release_deferred.
         try:
-            unsafe = _IN_WARMUP_POOL[0] > 0 or _capturing()
+            unsafe = _in_warmup_pool > 0 or _capturing()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing runs any more
             return
         if unsafe:
@@ -150,13 +150,13 @@ class _WarmupPool:
 
 _DEFERRED: list[torch.cuda.MemPool] = []
 """Warm-up pools whose last holder went while dropping them was unsafe (_WarmupPool.__del__)."""
-_IN_WARMUP_POOL = [0]
+_in_warmup_pool = 0
 """Calls running inside a warm-up pool now (use_mem_pool registers its routing for that long)."""
 
 
 def _release_deferred() -> None:
     """Drop the pools _WarmupPool.__del__ kept, at a point where no routing of ours is registered."""
-    if _DEFERRED and _IN_WARMUP_POOL[0] == 0 and not _capturing():
+    if _DEFERRED and _in_warmup_pool == 0 and not _capturing():
         _DEFERRED.clear()
 
 
@@ -265,12 +265,13 @@ class ReplayGraph:
         stats.step_by_step += 1
         pool = self._warmup_pool()
         if pool is not None:
-            _IN_WARMUP_POOL[0] += 1
+            global _in_warmup_pool
+            _in_warmup_pool += 1
             try:
                 with torch.cuda.use_mem_pool(pool, self.compiled.device):
                     return self.compiled.run_flat(args, follow_seed=False)
             finally:
-                _IN_WARMUP_POOL[0] -= 1
+                _in_warmup_pool -= 1
         return self.compiled.run_flat(args, follow_seed=False)  # drawn above: one draw per call
 
     def _warmup_pool(self) -> torch.cuda.MemPool | None:
