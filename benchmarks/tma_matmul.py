@@ -53,13 +53,15 @@ def _tile_origin(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP
 @triton.jit
 def tma_persistent(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, WIDEN: tl.constexpr):
+                   GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, WIDEN: tl.constexpr,
+                   WS: tl.constexpr):
     """A fixed grid of NUM_PROGRAMS programs walks the output tiles (grouped GROUP_M down M for L2
     reuse of B panels); operands arrive by TMA; the epilogue runs on the fp32 accumulator and the
-    tile leaves through a TMA store."""
+    tile leaves through a TMA store. WS: Triton's warp specialization of the tile loop (producer warps
+    issue the TMA loads, consumer warps the tensor-core products)."""
     n_k = tl.cdiv(K, BLOCK_K)
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=FLATTEN):
+    for tile in tl.range(tl.program_id(0), tiles, NUM_PROGRAMS, flatten=FLATTEN, warp_specialize=WS):
         om, on = _tile_origin(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(n_k):
@@ -75,11 +77,11 @@ def tma_persistent(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
 @triton.jit
 def tma_tiled(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-              WIDEN: tl.constexpr):
-    """One output tile per program (no persistence), operands by TMA."""
+              WIDEN: tl.constexpr, WS: tl.constexpr):
+    """One output tile per program (no persistence), operands by TMA; WS: warp specialization of the K loop."""
     om, on = _tile_origin(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kk in range(tl.cdiv(K, BLOCK_K)):
+    for kk in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WS):
         a = a_desc.load([om, kk * BLOCK_K])
         b = b_desc.load([on, kk * BLOCK_K])
         if WIDEN:
@@ -89,20 +91,26 @@ def tma_tiled(a_desc, b_desc, c_desc, bias_ptr, M, N, K,
     c_desc.store([om, on], y.to(tl.bfloat16))
 
 
-# (name, kernel, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, persistent, flatten)
+# (name, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, persistent, flatten, warp-specialized)
 VARIANTS = [
-    ("persistent 128x256x64 w8 s3", 128, 256, 64, 8, 3, True, True),
-    ("persistent 128x256x64 w8 s3 noflat", 128, 256, 64, 8, 3, True, False),
-    ("persistent 128x128x64 w8 s4", 128, 128, 64, 8, 4, True, True),
-    ("persistent 128x128x128 w8 s3", 128, 128, 128, 8, 3, True, True),
-    ("tiled 128x256x64 w8 s3", 128, 256, 64, 8, 3, False, False),
-    ("tiled 128x128x64 w4 s4", 128, 128, 64, 4, 4, False, False),
+    ("persistent 128x256x64 w8 s3", 128, 256, 64, 8, 3, True, True, False),
+    ("persistent 128x256x64 w8 s3 noflat", 128, 256, 64, 8, 3, True, False, False),
+    ("persistent 128x128x64 w8 s4", 128, 128, 64, 8, 4, True, True, False),
+    ("persistent 128x128x128 w8 s3", 128, 128, 128, 8, 3, True, True, False),
+    ("tiled 128x256x64 w8 s3", 128, 256, 64, 8, 3, False, False, False),
+    ("tiled 128x128x64 w4 s4", 128, 128, 64, 4, 4, False, False, False),
+    # session 58: warp specialization (Triton 3.6 on Hopper), and deeper pipelines
+    ("persistent 128x128x64 w8 s4 ws", 128, 128, 64, 8, 4, True, True, True),
+    ("persistent 128x256x64 w8 s3 ws", 128, 256, 64, 8, 3, True, True, True),
+    ("tiled 128x256x64 w8 s3 ws", 128, 256, 64, 8, 3, False, False, True),
+    ("tiled 128x128x64 w8 s5 ws", 128, 128, 64, 8, 5, False, False, True),
+    ("tiled 128x128x64 w8 s5", 128, 128, 64, 8, 5, False, False, False),
 ]
 
 
 def launcher(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, variant: tuple,
              sm_count: int):
-    _, bm, bn, bk, warps, stages, persistent, flatten = variant
+    _, bm, bn, bk, warps, stages, persistent, flatten, ws = variant
     m, k = x.shape
     n = w.shape[0]
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk])
@@ -113,8 +121,8 @@ def launcher(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Te
     if persistent:
         programs = min(sm_count, tiles)
         return lambda: tma_persistent[(programs,)](a_desc, b_desc, c_desc, bias, m, n, k, bm, bn, bk, 8, programs,
-                                                   flatten, widen, num_warps=warps, num_stages=stages)
-    return lambda: tma_tiled[(tiles,)](a_desc, b_desc, c_desc, bias, m, n, k, bm, bn, bk, 8, widen,
+                                                   flatten, widen, ws, num_warps=warps, num_stages=stages)
+    return lambda: tma_tiled[(tiles,)](a_desc, b_desc, c_desc, bias, m, n, k, bm, bn, bk, 8, widen, ws,
                                        num_warps=warps, num_stages=stages)
 
 
@@ -183,7 +191,7 @@ def main() -> int:
             out = torch.full((m, n), float("nan"), device=device, dtype=torch.bfloat16)
             try:
                 if args.check:  # the interpreter: smaller blocks
-                    variant = (variant[0], 16, 32, 32, 4, 2, variant[6], variant[7])
+                    variant = (variant[0], 16, 32, 32, 4, 2, variant[6], variant[7], False)
                 run = launcher(x, w, bias, out, variant, sm_count)
                 run()
                 err = float((out.double() - ref).abs().max())
