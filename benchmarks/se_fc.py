@@ -45,46 +45,17 @@ def chains() -> None:
             print(f"  {c:5d} {s:4d} | {t[0]:7.2f} | {t[1]:7.2f} | {t[2]:6.2f} | {t[3]:6.2f}", flush=True)
 
 
-def models(names: str, peer: bool) -> None:
-    import streamfuse
-    from streamfuse.bench.models import model_workloads
-    from streamfuse.profile.timing import time_cuda_us
-
-    device = torch.device("cuda")
-    for w in model_workloads(names, "1", "float32"):
-        model, inputs = w.make(device)
-        with torch.no_grad():
-            want = model(*inputs)
-            modes = {}
-            for on in (False, True):
-                compiled = streamfuse.compile(model, inputs, streamfuse.Config(pointwise_conv_mm=on))
-                got = compiled(*inputs)
-                err = ((got - want).abs().max() / want.abs().max()).item()
-                modes[f"mm {'on' if on else 'off'}"] = compiled
-                print(f"{w.name} pointwise_conv_mm={on}: rel err {err:.2e}, {compiled.stats['kernels']} kernels", flush=True)
-            if peer:
-                ro = torch.compile(model, mode="reduce-overhead")
-                for _ in range(3):
-                    ro(*inputs)
-                modes["reduce-overhead"] = ro
-            times: dict[str, list[float]] = {k: [] for k in modes}
-            for _ in range(3):
-                for k, f in modes.items():
-                    times[k].append(time_cuda_us(lambda f=f, a=inputs: f(*a), warmup=20, reps=200))  # type: ignore[misc]
-        off = min(times["mm off"])
-        print(w.name, "  ".join(f"{k} {min(v):.1f} µs ({off / min(v):.3f}x of off)" for k, v in times.items()), flush=True)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="efficientnet,mobilenet_v3")
     ap.add_argument("--peer", action="store_true", help="also torch.compile(mode='reduce-overhead')")
     ap.add_argument("--no-chains", action="store_true")
     args = ap.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as the suite times float32
     if not args.no_chains:
         chains()
-    models(args.models, args.peer)
+    from setting_ab import compare  # benchmarks/setting_ab.py: off and on, interleaved
+
+    compare(args.models, "1", "float32", "pointwise_conv_mm=true", args.peer)
     return 0
 
 

@@ -76,6 +76,11 @@ class Config:
     addmm (convnext_tiny's Linear layers ran 10% faster as addmm in run 83)."""
     addmm_split_margin: float = 0.05
     """Fraction by which `mm` must beat `addmm` for addmm_bias="auto" to split (timing noise)."""
+    addmm_gelu_epilogue: bool = False
+    """On CUDA, a tanh-approximated GELU that alone reads a Linear layer's product (GPT-2's MLPs) is
+    added by cuBLASLt in the GEMM epilogue (`_addmm_activation`, ir/mm_gelu.py) where the product runs
+    through cuBLAS, instead of by a kernel of its own. Off until measured on a GPU: cuBLASLt may pick
+    another GEMM algorithm when it has an epilogue."""
     pointwise_conv_mm: bool = False
     """A convolution over a 1x1 image with a 1x1 filter (a squeeze-and-excitation block's two FC
     layers) runs as the product it is, addmm or mm, instead of a cuDNN convolution (ir/conv_mm.py).

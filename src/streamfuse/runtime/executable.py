@@ -29,6 +29,7 @@ from streamfuse.ir.conv_mm import convolutions_as_products
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
+from streamfuse.ir.mm_gelu import gelu_into_addmm
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
 from streamfuse.ir.scatter_add import fold_scatter_add
 from streamfuse.profile import known
@@ -111,6 +112,12 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         plan = plan_fusion(graph, config, choices, sm_count) if changed else plan
         plan.matmul_choices = choices
         clock.lap("template check")
+    if device.type == "cuda" and config.addmm_gelu_epilogue:  # CUDA only: the CPU's op is the exact GELU
+        cublas = [n for n, c in choices.items() if c.strategy == "cublas"]
+        if gelu_into_addmm(graph, cublas):
+            kept = set(graph.nodes)
+            choices = {n: c for n, c in choices.items() if n in kept}
+            plan = plan_fusion(graph, config, choices, sm_count)
     # 2. each convolution's layout (measured under Config.conv_layout="auto" on CUDA; timed the way
     #    it will run: a result only generated kernels read stays channels_last), then the network's:
     #    channels_last throughout where that beats the one-by-one choice, the kernels before the
