@@ -120,3 +120,18 @@ def test_on_the_gpu_the_epilogue_matches_eager(config: Config, dtype: torch.dtyp
         torch.testing.assert_close(compiled(x), want, rtol=tol[0], atol=tol[1])
         backend = torch.compile(model, backend=streamfuse.make_backend(on))
         torch.testing.assert_close(backend(x), want, rtol=tol[0], atol=tol[1])
+
+
+def test_the_scheduler_costs_the_fused_product_as_a_product(config: Config) -> None:
+    """The stream scheduler's cost model counts the fused op's 2 M N K flops at the product's rate,
+    as it did the addmm's (an opaque op would count one flop per element)."""
+    from streamfuse.schedule.cost import _flops
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        graph = streamfuse.compile(MLP(gelu_new).eval(), (randn(6, 32),), config).graph
+    addmm = next(n for n in graph.nodes if n.op == ADDMM and n.shape == (6, 96))
+    before = _flops(addmm)
+    assert gelu_into_addmm(graph, [addmm]) == 1
+    fused = next(n for n in graph.nodes if n.op == FUSED)
+    assert before == 2 * 6 * 96 * 32 and _flops(fused) == before

@@ -57,10 +57,15 @@ def unfused_us(group: Group, ceilings: DeviceCeilings) -> tuple[float, int]:
     return total, kernels
 
 
+_PRODUCTS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation"})
+"""Products by name (`_addmm_activation`: addmm with cuBLASLt's GELU epilogue, ir/mm_gelu.py, an
+opaque ATen op to the planner)."""
+
+
 def _rate(n: Node, ceilings: DeviceCeilings) -> float:
     """flop/µs for a node: contractions at cuBLAS's rate for their dtype; everything else runs on the
     CUDA cores, which Triton's kernels drive in float32 whatever the storage dtype."""
-    if n.kind is OpKind.CONTRACTION and n.dtype is not None:
+    if (n.kind is OpKind.CONTRACTION or packet_name(n.op) in _PRODUCTS) and n.dtype is not None:
         return ceilings.flops_per_us(n.dtype)
     return ceilings.flops_per_us(torch.float32)
 
@@ -79,7 +84,7 @@ def group_flops(group: Group) -> float:
 def _flops(n: Node) -> float:
     name = packet_name(n.op)
     args = [a for a in n.args if isinstance(a, Node)]
-    if name in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear") and len(args) >= 2:
+    if name in _PRODUCTS and len(args) >= 2:
         a = args[-2]
         return 2.0 * n.numel * (a.shape[-1] if a.shape else 1)
     if name in ("convolution", "_convolution") and len(args) >= 2:
