@@ -26,6 +26,7 @@ def compare(names: str, batch: str, dtype: str, setting: str, peer: bool) -> Non
     """`setting`: NAME=VALUE, parsed as the CLI's --set (Config.with_settings)."""
     import streamfuse
     from streamfuse.bench.models import model_workloads
+    from streamfuse.bench.runner import rel_error
     from streamfuse.profile.timing import time_cuda_us
 
     device = torch.device("cuda")
@@ -36,10 +37,7 @@ def compare(names: str, batch: str, dtype: str, setting: str, peer: bool) -> Non
             modes: dict[str, Any] = {}
             for label, config in (("off", streamfuse.Config()), ("on", streamfuse.Config().with_settings([setting]))):
                 compiled = streamfuse.compile(model, inputs, config)
-                got = compiled(*inputs)
-                got, ref = (t[0] if isinstance(t, (tuple, list)) else getattr(t, "logits", getattr(t, "last_hidden_state", t))
-                            for t in (got, want))
-                err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                err = rel_error(compiled(*inputs), want, floor=0.0)
                 modes[label] = compiled
                 print(f"{w.name} {setting if label == 'on' else 'defaults'}: rel err {err:.2e}, "
                       f"{compiled.stats['kernels']} kernels", flush=True)
