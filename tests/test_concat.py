@@ -215,3 +215,26 @@ def test_a_large_cat_kernel_keeps_its_per_thread_work(config) -> None:  # type: 
     small_split, small_block = plan_of(1, config.replace(pointwise_no_split_from=0))
     assert small_split > 1 and small_block < config.pointwise_block  # the occupancy remedy, as before
     assert plan_of(32, config.replace(pointwise_no_split_from=0))[0] > 1
+
+
+def test_slice_scatter_is_a_fused_cat(config, device) -> None:  # type: ignore[no-untyped-def]
+    """slice_scatter with step 1 (the backward of a slice: Llama's rotate_half) is lowered to a cat of
+    the base's slices around the source, so it fuses with what makes the source and what reads the
+    result; a strided one (step 2) stays in ATen. Every bound form: start 0, open end, negative start."""
+
+    def scatters(x: torch.Tensor, y: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        zeros = torch.zeros_like(base)
+        halves = zeros.slice_scatter(x * 2, dim=3, start=0, end=8) + zeros.slice_scatter(y.sin(), dim=3, start=8)
+        inner = base.slice_scatter(y, dim=-1, start=4, end=12) * 3
+        tail = base.slice_scatter(base[:, :, :5].cos(), dim=2, start=-5)
+        return halves, inner, tail
+
+    inputs = [randn(2, 3, 8, 8, device=device, seed=1), randn(2, 3, 8, 8, device=device, seed=2),
+              randn(2, 3, 8, 16, device=device, seed=3)]
+    compiled = compile_and_check(scatters, inputs, config)
+    assert compiled.stats["aten_kernels"] == 0 and compiled.stats["kernels"] == 1
+    assert "aten.slice_scatter.default" not in {n.op for g in compiled.plan.groups for n in g.nodes}
+
+    strided = compile_and_check(lambda b, s: b.slice_scatter(s, dim=1, start=1, step=2) + 1,
+                                [randn(4, 10, device=device, seed=4), randn(4, 5, device=device, seed=5)], config)
+    assert "aten.slice_scatter.default" in {n.op for g in strided.plan.groups for n in g.nodes}

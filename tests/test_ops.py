@@ -69,6 +69,8 @@ POINTWISE = [
     Case("compare", lambda x, y: ((x > y), (x >= y), (x < 0.5), (x <= y), (x == x), (x != y)), [S, S]),  # six independent results, packed into one launch
     Case("logical", lambda x, y: (torch.logical_not(x > 0), torch.logical_and(x > 0, y > 0),
                                   torch.logical_or(x > 0, y > 0)), [S, S]),
+    Case("bitwise_bool", lambda x, y: ((x > 0) & (y > 0), (x > 0) | (y < 0), (x > 0) ^ (y > 0), ~(x > y),
+                                       (x > 0) & True), [S, S]),
     Case("cast_chain", lambda x: (x.to(torch.float16).to(torch.float32) * 2).to(x.dtype), [S]),
     Case("leaky_relu", lambda x: F.leaky_relu(x, 0.2), [S]),
     Case("hardtanh", lambda x: F.hardtanh(x, -0.3, 0.4), [S]),
@@ -140,6 +142,17 @@ def test_integer_pointwise(config, device) -> None:  # type: ignore[no-untyped-d
     y = torch.randint(1, 9, (5, 9), dtype=torch.int32, device=device)
     fn = lambda a, b: ((a * b + 3) - torch.maximum(a, b), torch.where(a > b, a, b), a / b)
     compiled = compile_and_check(fn, [x, y], config.replace(executor="triton"))
+    assert compiled.stats["aten_kernels"] == 0
+
+
+def test_bitwise_ops_on_integers_and_masks(config, device) -> None:  # type: ignore[no-untyped-def]
+    """&, |, ^ and ~ on signed and unsigned integers (negative values: two's complement, as ATen) and
+    on masks mixed with integers are generated, fused with the arithmetic around them."""
+    x = torch.randint(-300, 300, (5, 9), dtype=torch.int64, device=device)
+    y = torch.randint(-300, 300, (5, 9), dtype=torch.int32, device=device)
+    u = torch.randint(0, 256, (5, 9), dtype=torch.uint8, device=device)
+    fn = lambda a, b, c: ((a & b) + 1, (a | 6) * 2, a ^ b, ~b, ~c, c & 0x0F, (c ^ 0xFF) | (a > 0), (a > 0) & (b > 0))
+    compiled = compile_and_check(fn, [x, y, u], config.replace(executor="triton"))
     assert compiled.stats["aten_kernels"] == 0
 
 

@@ -477,3 +477,50 @@ def test_training_batch_norm_runs_cudnn_with_the_native_results() -> None:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     names = [e.name for e in prof.events()]
     assert any("bn_fw" in n or "cudnn" in n.lower() for n in names), names
+
+
+def test_backward_dtype_conversions_are_generated(train_config: streamfuse.Config) -> None:
+    """The backward of `.to(dtype)` is `_to_copy(grad, dtype=..., layout=strided, device=<its own
+    device>)`: a conversion, not a move, so it runs in a generated kernel (GPT-2's attention made
+    four ATen copies per layer of it) and the gradients still match eager's; a real move stays in ATen."""
+    from streamfuse.capture.backend import compiled_graphs
+    from streamfuse.fusion.groups import GroupKind
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(12, 16), nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.a(x).to(torch.float64).tanh().to(torch.float32)  # two conversions, each with a backward
+            return self.b(h * h.to(torch.float16).float())
+
+    torch.manual_seed(0)
+    model = Mixed()
+    before = len(compiled_graphs)
+    batches = [(torch.randn(6, 12),) for _ in range(2)]
+    train_and_compare(model, batches, lambda m, x: m(x).square().mean(), train_config)
+    plans = [getattr(g, "compiled", g) for g in compiled_graphs[before:] if g is not None]
+    groups = [grp for c in plans if hasattr(c, "base") for grp in c.base.plan.groups]
+    copies = [grp for grp in groups if grp.kind is GroupKind.ATEN and "_to_copy" in grp.nodes[0].op]
+    assert len(plans) == 2 and not copies, [grp.nodes[0].kwargs for grp in copies]
+
+
+def test_a_copy_to_another_device_keeps_its_device() -> None:
+    """Only a `_to_copy` onto its input's own device loses the `device` keyword; a move keeps it (and
+    stays in ATen, ir/ops.refine_kind)."""
+    from streamfuse.ir.from_fx import _same_device_copy
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(3, 4)
+    kwargs = {"dtype": torch.float16, "layout": torch.strided, "device": torch.device("cpu")}
+    same = graph.call_function(aten._to_copy.default, (x,), kwargs)
+    same.meta["val"] = torch.empty(3, 4, dtype=torch.float16)
+    moved = graph.call_function(aten._to_copy.default, (x,), kwargs | {"device": torch.device("meta")})
+    moved.meta["val"] = torch.empty(3, 4, dtype=torch.float16, device="meta")
+    pinned = graph.call_function(aten._to_copy.default, (x,), kwargs | {"pin_memory": True})
+    pinned.meta["val"] = torch.empty(3, 4, dtype=torch.float16)
+    assert _same_device_copy(same, dict(same.kwargs)) == {"dtype": torch.float16}
+    assert _same_device_copy(moved, dict(moved.kwargs)) == moved.kwargs
+    assert _same_device_copy(pinned, dict(pinned.kwargs)) == pinned.kwargs

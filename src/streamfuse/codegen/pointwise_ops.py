@@ -166,6 +166,12 @@ def emit_pointwise(node: Node, args: list[Any], target: str, wide: torch.dtype |
         return f"({t(0, work)} {_COMPARE[name]} {t(1, work)})"
     if name in _LOGICAL:
         return _LOGICAL[name]([t(i, torch.bool) for i in range(len(args))])
+    if name in _BITWISE:  # bool or integer operands in the result's dtype (ATen's promotion)
+        return f"({t(0)} {_BITWISE[name]} {t(1)})"
+    if name == "bitwise_not":
+        if out is torch.bool:
+            return f"({t(0)} == 0)"
+        return f"({t(0)} ^ {255 if out is torch.uint8 else -1})"  # all bits flipped (Triton's ~ on uint8 fails in the interpreter)
     if name in ("_to_copy", "clone", "alias"):
         src, src_node = args[0], node.args[0]
         assert isinstance(src, Operand) and isinstance(src_node, Node)
@@ -229,6 +235,7 @@ _LOGICAL: dict[str, Callable[[list[str]], str]] = {
     "logical_and": lambda a: f"({a[0]} & {a[1]})",
     "logical_or": lambda a: f"({a[0]} | {a[1]})",
 }
+_BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _UNARY: dict[str, Callable[[str], str]] = {
     "neg": lambda x: f"(-{x})",
     "abs": lambda x: f"tl.abs({x})",

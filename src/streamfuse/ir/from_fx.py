@@ -87,6 +87,8 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
             if qual in _DROPPED:
                 continue
             args, kwargs = lookup(fx_node.args), {k: lookup(v) for k, v in fx_node.kwargs.items()}
+            if target is aten._to_copy.default:
+                kwargs = _same_device_copy(fx_node, kwargs)
             if target is aten.copy_.default and isinstance(fx_node.args[0], torch.fx.Node) \
                     and fx_node.args[0].op == "placeholder":
                 # an in-place update of an input (AOTAutograd keeps inference mutations in the graph):
@@ -147,6 +149,22 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
                   source_ops=source_ops, writebacks=writebacks)
     graph.validate()
     return graph
+
+
+def _same_device_copy(fx_node: torch.fx.Node, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`_to_copy`'s keywords without a `device` that is its input's own device (and the default layout
+    and pinning that come with it): AOTAutograd's backward of `.to(dtype)` and `.type(dtype)` names
+    the device (GPT-2's attention: `_to_copy(x, dtype=float32, layout=strided, device=cuda:0)`), which
+    is a dtype conversion, not a move, and fuses like one (ir/ops.refine_kind keeps real moves in ATen)."""
+    src = fx_node.args[0].meta.get("val") if fx_node.args and isinstance(fx_node.args[0], torch.fx.Node) else None
+    out = fx_node.meta.get("val")
+    device = kwargs.get("device")
+    if device is None or not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor) \
+            or torch.device(device) != src.device or out.device != src.device:
+        return kwargs
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory"):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k not in ("device", "layout", "pin_memory")}
 
 
 def _same_meta(dst: Any, src: Node) -> bool:

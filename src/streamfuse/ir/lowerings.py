@@ -7,6 +7,7 @@ capture (they go through prims or mutating ops), rewritten into ops the planner 
 - max_pool2d_with_indices with its indices unread -> streamfuse.max_pool2d (a WINDOW op, generated)
 - avg_pool2d with one divisor for every window -> streamfuse.avg_pool2d (a WINDOW op, generated)
 - constant_pad_nd padding by nothing -> clone (fused)
+- slice_scatter with step 1 -> cat of the base's slices before and after, and the source (fused)
 - as_strided_scatter over the whole base, element for element -> clone of the source (fused)
 - any (every overload) -> amax of the input as 0/1 float32, > 0 (a reduction, fused)
 """
@@ -270,6 +271,40 @@ def _lower_whole_scatter(b: Builder, target: Any, args: tuple, kwargs: dict, val
     return b.add("scatter_whole_view", aten.view.default, (copy, list(base.shape)), shape=base.shape, dtype=val.dtype)
 
 
+def _lower_slice_scatter(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
+    """slice_scatter(base, src, dim, start, end) with step 1 -> cat(base[..start], src, base[end..]) along
+    dim: the backward of a slice (Llama's rotate_half takes each half of q and k: four ATen
+    slice_scatter launches per layer over zeros), where cat fuses with what makes its parts and what
+    reads it. The slices are zero-copy views of base."""
+    base, src = args[0], args[1]
+    dim, start, end, step = ((list(args[2:]) + [None] * 4)[:4])
+    dim = kwargs.get("dim", 0) if dim is None else dim
+    start, end, step = kwargs.get("start", start), kwargs.get("end", end), kwargs.get("step", step)
+    if not isinstance(base, Node) or not isinstance(src, Node) or step not in (None, 1) or not base.shape:
+        return None
+    if not all(isinstance(v, int) or v is None for v in (dim, start, end)):
+        return None  # symbolic bounds: leave it to ATen
+    rank = len(base.shape)
+    dim = dim % rank
+    size = base.shape[dim]
+    lo = 0 if start is None else min(max(start + size if start < 0 else start, 0), size)
+    hi = size if end is None else min(max(end + size if end < 0 else end, lo), size)
+    if hi <= lo or src.shape != base.shape[:dim] + (hi - lo,) + base.shape[dim + 1:]:
+        return None
+    if src.dtype != base.dtype or val.dtype != base.dtype or tuple(val.stride()) != contiguous_strides(base.shape):
+        return None  # a conversion, or a result in another layout: ATen's
+    parts: list[Node] = []
+    for a, z in ((0, lo), (hi, size)):
+        if z > a:
+            shape = base.shape[:dim] + (z - a,) + base.shape[dim + 1:]
+            parts.append(b.add("scatter_part", aten.slice.Tensor, (base, dim, a, z), shape=shape, dtype=base.dtype,
+                               strides=base.strides))
+    if not parts:  # src is all of the result
+        return b.add("scatter_all", aten.clone.default, (src,), shape=base.shape, dtype=val.dtype)
+    parts.insert(0 if lo == 0 else 1, src)
+    return b.add("slice_scatter", aten.cat.default, (parts, dim), shape=base.shape, dtype=val.dtype)
+
+
 def _lower_any(b: Builder, target: Any, args: tuple, kwargs: dict, val: Any) -> Arg | None:
     """any over dims -> amax(input != 0 as 0/1 float32) > 0: a reduction the planner fuses. SDPA's math
     path (the one bert-base takes on the GPU, its mask expanded with a stride-0 last dim) asks through
@@ -311,6 +346,7 @@ LOWERINGS: dict[Any, Callable[[Builder, Any, tuple, dict, Any], Arg | None]] = {
     aten.native_dropout.default: _lower_dropout,
     aten.constant_pad_nd.default: _lower_zero_pad,
     aten.as_strided_scatter.default: _lower_whole_scatter,
+    aten.slice_scatter.default: _lower_slice_scatter,
     aten.any.default: _lower_any,
     aten.any.dim: _lower_any,
     aten.any.dims: _lower_any,

@@ -44,7 +44,7 @@ class OpKind(enum.Enum):
         return self in (OpKind.CONCAT, OpKind.WINDOW, OpKind.GATHER)
 
 
-_POINTWISE = ["add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "silu", "sin", "cos", "floor", "ceil", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "pow", "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "logical_and", "logical_or", "_to_copy", "clone", "alias", "leaky_relu", "hardtanh", "scalar_tensor", "full"]
+_POINTWISE = ["add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "silu", "sin", "cos", "floor", "ceil", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "masked_fill", "pow", "eq", "ne", "gt", "ge", "lt", "le", "logical_not", "logical_and", "logical_or", "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "_to_copy", "clone", "alias", "leaky_relu", "hardtanh", "scalar_tensor", "full"]
 
 _VIEW = ["view", "_unsafe_view", "reshape", "permute", "transpose", "t", "unsqueeze", "squeeze", "slice", "select"]
 
