@@ -481,8 +481,8 @@ def test_training_batch_norm_runs_cudnn_with_the_native_results() -> None:
 
 def test_backward_dtype_conversions_are_generated(train_config: streamfuse.Config) -> None:
     """The backward of `.to(dtype)` is `_to_copy(grad, dtype=..., layout=strided, device=<its own
-    device>)`: a conversion, not a move, so it runs in a generated kernel (GPT-2's attention made
-    four ATen copies per layer of it) and the gradients still match eager's; a real move stays in ATen."""
+    device>)`: a conversion, not a move, so it runs in a generated kernel (GPT-2's backward made four
+    ATen copies per layer of it, reading dropout's masks) and the gradients still match eager's."""
     from streamfuse.capture.backend import compiled_graphs
     from streamfuse.fusion.groups import GroupKind
 

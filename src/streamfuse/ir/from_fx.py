@@ -153,9 +153,10 @@ def graph_from_fx(gm: torch.fx.GraphModule, bound: Mapping[str, torch.Tensor] | 
 
 def _same_device_copy(fx_node: torch.fx.Node, kwargs: dict[str, Any]) -> dict[str, Any]:
     """`_to_copy`'s keywords without a `device` that is its input's own device (and the default layout
-    and pinning that come with it): AOTAutograd's backward of `.to(dtype)` and `.type(dtype)` names
-    the device (GPT-2's attention: `_to_copy(x, dtype=float32, layout=strided, device=cuda:0)`), which
-    is a dtype conversion, not a move, and fuses like one (ir/ops.refine_kind keeps real moves in ATen)."""
+    and pinning that come with it): AOTAutograd's backward graphs name the device where they convert
+    (the backward of `.to(dtype)`; GPT-2's backward reading dropout's saved bool masks as float32:
+    `_to_copy(mask, dtype=float32, layout=strided, device=cuda:0)`, four per layer). That is a dtype
+    conversion, not a move, and fuses like one (ir/ops.refine_kind keeps real moves in ATen)."""
     src = fx_node.args[0].meta.get("val") if fx_node.args and isinstance(fx_node.args[0], torch.fx.Node) else None
     out = fx_node.meta.get("val")
     device = kwargs.get("device")
