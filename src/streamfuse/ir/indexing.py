@@ -229,7 +229,7 @@ def view_input_index(node: Node, index: Index) -> Index:
         dim = _norm_dim(node.args[1] if len(node.args) > 1 else 0, len(in_shape))
         start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
         step = node.args[4] if len(node.args) > 4 else 1
-        start = _clamp_start(start, in_shape[dim])
+        start = slice_bound(start, in_shape[dim])
         out = list(index)
         out[dim] = index[dim] * step + start
         return tuple(out)
@@ -278,7 +278,8 @@ def _norm_dim(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
-def _clamp_start(start: int, size: int) -> int:
+def slice_bound(start: int, size: int) -> int:
+    """A slice's start or end as ATen takes it: counted from the end if negative, clamped to [0, size]."""
     if start < 0:
         start += size
     return min(max(start, 0), size)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from streamfuse.ir.graph import Arg, Node
-from streamfuse.ir.indexing import contiguous_strides, dense_order
+from streamfuse.ir.indexing import contiguous_strides, dense_order, slice_bound
 from streamfuse.ir.ops import kind_of
 from streamfuse.ir.rng import philox_rand
 
@@ -287,8 +287,8 @@ def _lower_slice_scatter(b: Builder, target: Any, args: tuple, kwargs: dict, val
     rank = len(base.shape)
     dim = dim % rank
     size = base.shape[dim]
-    lo = 0 if start is None else min(max(start + size if start < 0 else start, 0), size)
-    hi = size if end is None else min(max(end + size if end < 0 else end, lo), size)
+    lo = 0 if start is None else slice_bound(start, size)
+    hi = size if end is None else max(slice_bound(end, size), lo)
     if hi <= lo or src.shape != base.shape[:dim] + (hi - lo,) + base.shape[dim + 1:]:
         return None
     if src.dtype != base.dtype or val.dtype != base.dtype or tuple(val.stride()) != contiguous_strides(base.shape):
