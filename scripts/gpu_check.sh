@@ -17,7 +17,7 @@
 #                       [s51-gputests] [s51-textcheck] [s51-text] [s51-longrows]
 #                       [s51-longrows2] [s51-train2-off] [s51-train2] [s51-gputests2] [s51-textcheck2] [s51-text2]
 #                       [s52-quick] [s52-train-off] [s52-train-a] [s52-train-b] [s52-check] [s52-tests] [s52-r50prof]
-#                       [s53-mem] [s53-one] [s54-vision] [s54-r50c] [s55-tests] [s55-pool] [s55-warm] [s56-tests] [s57-check] [s57-se] [s58-gelu] [s58-tma] [s58-bert] [s59-ops]
+#                       [s53-mem] [s53-one] [s54-vision] [s54-r50c] [s55-tests] [s55-pool] [s55-warm] [s56-tests] [s57-check] [s57-se] [s58-gelu] [s58-tma] [s58-bert] [s59-ops] [s60-train] [s60-kprof] [s60-align] [s60-final]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -48,7 +48,7 @@ if [ "${1:-}" = record ]; then
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
            models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt s43-llama.txt s43-red.txt s43-timm.txt s43-timm.json s43-bert.txt s43-epi.txt s43-ddp.txt s44-red.txt s44-exp.txt s44-red2.txt s44-tp.txt s44-b1.txt s44-timm.txt s44-timm.json s45-vit.txt s45-bf16.txt s45-kbe.txt s45-gpt2.txt s45-mm.txt s45-mm2.txt s45-check.txt s46-tp.txt s46-train.txt s46-train.json s46-fold.txt s46-b1.txt s47-graph.txt s47-backend.txt s48-host.txt s49-bhost.txt s49-gap.txt s49-sym.txt s49-tests.txt s49-timm.txt s49-timm.json s50-tests.txt s50-timm.txt s50-timm.json s50-suite.txt s50-b1.txt s50-b1bf.txt s50-r50prof.txt s50-bnt.txt s50-bncheck.txt s50-bncheck.json s50-bntrain.txt s51-tests.txt s51-train-off.txt s51-train.txt s51-check.txt s51-check.json s51-tests2.txt s51-r50prof.txt s51-gputests.txt s51-textcheck.txt s51-textcheck.json s51-text.txt s51-longrows.txt s51-longrows2.txt s51-train2-off.txt s51-train2.txt s51-gputests2.txt s51-textcheck2.txt s51-textcheck2.json s51-text2.txt \
-           s52-quick.txt s52-train-off.txt s52-train-a.txt s52-train-b.txt s52-check.txt s52-check.json s52-tests.txt s52-r50prof.txt s53-mem.txt s53-one.txt s54-vision.txt s54-r50c.txt s55-tests.txt s55-pool.txt s55-warm.txt s56-tests.txt s57-check.txt s57-se.txt s58-gelu.txt s58-tma.txt s58-bert.txt s59-ops.txt; do
+           s52-quick.txt s52-train-off.txt s52-train-a.txt s52-train-b.txt s52-check.txt s52-check.json s52-tests.txt s52-r50prof.txt s53-mem.txt s53-one.txt s54-vision.txt s54-r50c.txt s55-tests.txt s55-pool.txt s55-warm.txt s56-tests.txt s57-check.txt s57-se.txt s58-gelu.txt s58-tma.txt s58-bert.txt s59-ops.txt s60-train.txt s60-kprof.txt s60-align.txt s60-final.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -540,6 +540,27 @@ step s58-bert 240 python3 benchmarks/training.py --models bert-base --modes eage
 step s59-ops 240 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=short tests/test_ops.py tests/test_concat.py \
   tests/test_training.py -k "bitwise or slice_scatter or dtype_conversions or another_device"; \
   python3 benchmarks/train_check.py --models "bert-base,gpt2 prefill,llama gqa" --calls 4'
+# session 60: BERT-base and GPT-2 training steps after session 59's bitwise / _to_copy / slice_scatter
+# fusions (run 212 before them: BERT 21.09 / 20.17 ms eager / streamfuse, GPT-2 27.49 / 24.87)
+step s60-train 170 python3 benchmarks/training.py --models bert-base,gpt2 --modes eager,streamfuse --no-check --steps 10
+# session 60: GPT-2 prefill bf16 8x128 ran 1460-1529 us against reduce-overhead's 926 (run 215): kernel by kernel
+step s60-kprof 200 python3 benchmarks/kernel_bandwidth.py --models prefill --batch throughput --dtype bfloat16 --top 25 --peer --set addmm_gelu_epilogue=true
+# session 60: products over weights padded to 16-byte rows (Config.product_row_alignment; GPT-2's LM head took
+# 837 us unaligned in run 216, and padding only the result's rows did not help in run 217), addmm_gelu_epilogue
+# and pointwise_conv_mm (<= 8 images) on: their tests on CUDA, the padded products alone, GPT-2 prefill's
+# kernels beside reduce-overhead, and the setting off / on
+step s60-align 560 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=short tests/test_aligned.py \
+  tests/test_mm_gelu.py tests/test_conv_mm.py tests/test_weight_fold.py; python3 benchmarks/aligned_product.py; \
+  python3 benchmarks/kernel_bandwidth.py --models prefill --batch throughput --dtype bfloat16 --top 8 --peer; \
+  python3 benchmarks/setting_ab.py --set product_row_alignment=false --models prefill --batch 1,throughput \
+  --dtype bfloat16,float32 --peer'
+# session 60, the final code (8-row minimum, unfolded pads undone): its tests on CUDA, then the suite's rows that the
+# three settings change, fp32 with TF32 as the suite times it, beside eager and reduce-overhead
+step s60-final 520 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=short tests/test_aligned.py \
+  tests/test_mm_gelu.py tests/test_conv_mm.py tests/test_weight_fold.py; \
+  streamfuse bench --suite models --models prefill --batch throughput --dtype float32 --modes eager,compile-ro,streamfuse \
+  --reps 5 --out "$OUT/s60-prefill"; streamfuse bench --suite models --models efficientnet_b0 --batch 1 --dtype float32 \
+  --modes eager,compile-ro,streamfuse --reps 5 --out "$OUT/s60-effnet"'
 # session 43: DDP over the backend (NCCL, one process), training with CUDA graphs replaying
 step s43-ddp 90 python3 -m pytest -q -W ignore -p no:logging tests/test_distributed.py
 # session 43: llama at batch 1 through both entry points (the one s38-suite row no run has covered)

@@ -76,15 +76,27 @@ class Config:
     addmm (convnext_tiny's Linear layers ran 10% faster as addmm in run 83)."""
     addmm_split_margin: float = 0.05
     """Fraction by which `mm` must beat `addmm` for addmm_bias="auto" to split (timing noise)."""
-    addmm_gelu_epilogue: bool = False
+    addmm_gelu_epilogue: bool = True
     """On CUDA, a tanh-approximated GELU that alone reads a Linear layer's product (GPT-2's MLPs) is
     added by cuBLASLt in the GEMM epilogue (`_addmm_activation`, ir/mm_gelu.py) where the product runs
-    through cuBLAS, instead of by a kernel of its own. Off until measured on a GPU: cuBLASLt may pick
-    another GEMM algorithm when it has an epilogue."""
-    pointwise_conv_mm: bool = False
+    through cuBLAS, instead of by a kernel of its own. Run 215 (H100, GPT-2 prefill, off -> on): bf16
+    591.7 -> 576.8 us at batch 1 and 1529.3 -> 1460.1 at 8 x 128; float32 (TF32 off) unchanged
+    (1671.1 / 1675.7 with the same 98-kernel plan at batch 1, 6631.2 / 6634.4 at 8 x 128)."""
+    pointwise_conv_mm: bool = True
     """A convolution over a 1x1 image with a 1x1 filter (a squeeze-and-excitation block's two FC
-    layers) runs as the product it is, addmm or mm, instead of a cuDNN convolution (ir/conv_mm.py).
-    Off until measured against cuDNN on a GPU."""
+    layers) runs as the product it is, addmm or mm, instead of a cuDNN convolution (ir/conv_mm.py),
+    over at most pointwise_conv_mm_max_rows images. Run 216 (H100, batch 1, fp32): efficientnet_b0
+    481.5 -> 436.2 us, mobilenet_v3_small 257.5 -> 236.4, mobilenet_v3_large 345.2 -> 339.6."""
+    pointwise_conv_mm_max_rows: int = 8
+    """Most images (product rows) for pointwise_conv_mm: the SE chain alone as products took 2x the
+    cuDNN chain at batch 32 (run 216: 24.6 against 12.0 us for 32 -> 8 -> 32 channels) and 0.75-0.8x of
+    it at batch 1; batches 2-8 are the GEMV-like regime of batch 1 (not measured)."""
+    product_row_alignment: bool = True
+    """With fold_weights, an mm / addmm of at least 16 rows whose result rows are not a whole number
+    of 16 bytes (GPT-2's LM head: 50257 columns), over a weight on a CUDA device, runs over the weight
+    padded with zero columns, evaluated once (ir/pad_mm.py), and hands on the [M, N] slice of its
+    result, so cuBLAS can take its aligned kernels. Run 216 (H100, bf16, 1024 x 768 x 50257): 837 us
+    per call unaligned, against reduce-overhead's 124 us on its padded copy of the weight."""
     conv_bias_epilogue: bool = True
     """A convolution's bias is added by the pointwise kernel after it instead of by ATen, which adds
     it in a kernel of its own after cuDNN's (ir/conv_bias.py): where every reader is pointwise."""
@@ -469,6 +481,7 @@ class Config:
             "max_streams": self.max_streams,
             "training_max_streams": self.training_max_streams,
             "max_graphs": self.max_graphs,
+            "pointwise_conv_mm_max_rows": self.pointwise_conv_mm_max_rows,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value <= 0:

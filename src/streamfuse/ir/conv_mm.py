@@ -27,13 +27,15 @@ from streamfuse.ir.lowerings import Builder
 _CONV = "aten.convolution.default"
 
 
-def convolutions_as_products(graph: Graph) -> int:
-    """Rewrite each eligible convolution (module docstring) into a product, in place; returns how many."""
+def convolutions_as_products(graph: Graph, max_rows: int | None = None) -> int:
+    """Rewrite each eligible convolution (module docstring) over at most `max_rows` images (None: any
+    number) into a product, in place; returns how many."""
     names = {n.name for n in graph.nodes}
     outputs = set(graph.output_nodes)
     build = Builder(fresh=lambda name: fresh_name(name, names), nodes=[])
     done = 0
-    for conv in [n for n in graph.nodes if _eligible(n, outputs)]:
+    for conv in [n for n in graph.nodes if _eligible(n, outputs)
+                 and (max_rows is None or n.shape[0] <= max_rows)]:
         x, w, bias = conv.args[:3]
         assert isinstance(x, Node) and isinstance(w, Node)
         n, c, s = x.shape[0], x.shape[1], w.shape[0]

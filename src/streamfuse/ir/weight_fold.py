@@ -46,6 +46,7 @@ from streamfuse.ir.fold import (
 from streamfuse.ir.graph import Graph, Node, map_args
 from streamfuse.ir.merge import merge_sibling_convolutions
 from streamfuse.ir.ops import OpKind
+from streamfuse.ir.pad_mm import pad_product_columns, unpad_unfolded
 
 if TYPE_CHECKING:
     from streamfuse.config import Config
@@ -66,7 +67,10 @@ def fold_model_weights(graph: Graph, cache: SnapshotCache, config: Config, note:
     norms = fold_batchnorm(graph, cache, note=note) if config.fold_batchnorm else 0
     ops = 0
     if config.fold_weights:
+        # products over weights padded to aligned rows, the pads folded here (undone where they were not)
+        padded = pad_product_columns(graph) if config.product_row_alignment else []
         ops = fold_weights(graph, cache, config.fold_weights_max_bytes, config.fold_constants_max_bytes, note)
+        unpad_unfolded(graph, padded)
     if merge and config.merge_sibling_convolutions:
         merge_sibling_convolutions(graph, cache)
     return norms, ops
@@ -93,9 +97,9 @@ def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_
         operands = n.input_nodes()
         if not all(a in known or a in region for a in operands):
             continue
-        if n.dtype is not None and n.numel * n.itemsize > max([max_result_bytes, *(a.numel * a.itemsize
-                                                                                    for a in operands)]):
-            continue  # a broadcast materialized beyond its sources' size
+        largest = max([0, *(a.numel * a.itemsize for a in operands)])
+        if n.dtype is not None and n.numel * n.itemsize > max(max_result_bytes, largest + largest // 8):
+            continue  # a broadcast materialized beyond its sources' size (a padded weight is not one)
         chain = {m: None for a in operands if a in region for m in region[a]}
         region[n] = [*chain, n]
         if any(a in live for a in operands):

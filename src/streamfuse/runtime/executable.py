@@ -68,7 +68,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     if config.fold_constants:  # what depends on no input, parameter or buffer: computed once, here
         fold_constants(graph, config.fold_constants_max_bytes)
     if config.pointwise_conv_mm:  # a 1x1 convolution of a 1x1 image -> addmm or mm
-        convolutions_as_products(graph)
+        convolutions_as_products(graph, config.pointwise_conv_mm_max_rows)
     if config.linear_bias_addmm:  # mm + bias add -> addmm, the bias in cuBLAS's epilogue
         bias_into_addmm(graph)
     if config.fold_scatter_add:  # x + scatter into zeros -> the scatter into x
