@@ -74,7 +74,8 @@ def test_the_product_runs_over_the_padded_weight_folded(config: Config, on_cpu: 
         for _ in range(2):
             got = compiled(x)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-        assert got[0].stride() == (20 * 40, 40, 1)  # the logits: the slice's view, handed on as it is
+        assert got[0].stride() == (20 * 37, 37, 1)  # the logits returned with eager's strides (a copy)
+        assert "aten.clone.default" in _ops(compiled)
         model.head.weight.mul_(-0.5)  # a weight changed in place (an optimizer step): the padded snapshot follows
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
 
@@ -101,6 +102,19 @@ def test_a_pad_past_the_fold_budget_is_undone(config: Config, on_cpu: None, budg
         assert "aten.slice.Tensor" not in _ops(compiled) and PAD not in _ops(compiled)
         assert not any("padded to 16-byte rows" in note for note in compiled.graph.notes)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_product_returned_as_it_is_comes_back_contiguous(config: Config, on_cpu: None) -> None:
+    """A Linear over a 2-D input: the product is the graph's output. The plan pads it and returns a
+    contiguous copy of the slice, with the values and strides eager gives."""
+    torch.manual_seed(0)
+    model, x = nn.Linear(24, 37).eval(), randn(20, 24)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        assert "aten.slice.Tensor" in _ops(compiled) and "aten.clone.default" in _ops(compiled)
+        got, want = compiled(x), model(x)
+        assert got.stride() == want.stride() == (37, 1)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_cpu_weights_are_not_padded(config: Config) -> None:
@@ -147,6 +161,7 @@ def test_on_the_gpu_an_odd_vocabulary_is_padded(config: Config, dtype: torch.dty
         assert "aten.slice.Tensor" in _ops(compiled) and PAD not in _ops(compiled)
         for got in (compiled(x), torch.compile(model, backend=streamfuse.make_backend(config))(x)):
             for g, w in zip(got, want, strict=True):
+                assert g.stride() == w.stride()  # eager's strides, not the padded rows
                 torch.testing.assert_close(g, w, rtol=tol[0], atol=tol[1])
 
 

@@ -15,7 +15,7 @@ evaluates the pads once into a watched snapshot (computed again when the weight 
 P zero columns cost the product P / N more work and nothing per call. The result is the [M, N]
 slice, with row stride N + P; the views after it take their strides from it (a view that cannot
 express them stops the rewrite), and generated kernels are passed the strides of what they read.
-A graph output stays that slice, as torch.compile's padded products return theirs.
+A graph output among them is returned as a contiguous copy (eager's strides; a generated kernel).
 
 Only where the product has at least MIN_ROWS rows and the weight lives on a CUDA device; a rewrite
 whose pads ir/weight_fold did not fold is undone (unpad_unfolded).
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from streamfuse.ir.fold import drop_unread_constants, fresh_name, replace_uses
-from streamfuse.ir.graph import Graph, Node
+from streamfuse.ir.graph import Graph, Node, map_args
 from streamfuse.ir.lowerings import Builder
 from streamfuse.ir.ops import OpKind
 
@@ -59,6 +59,8 @@ class Padded:
     result: Node
     views: list[tuple[Node, tuple[int, ...]]]
     """The views reading the result, with their strides as traced."""
+    copies: list[tuple[Node, Node]]
+    """(a graph output among the result and its views, the contiguous copy the graph returns instead)."""
     constants: dict[Node, tuple[torch.Tensor, bool]]
     """The product's constant operands (a Linear's bias): value, and whether a snapshot. A fold that
     took a pad of one drops it once nothing else reads it; an undo puts it back."""
@@ -94,13 +96,34 @@ def pad_product_columns(graph: Graph) -> list[Padded]:
         at = graph.nodes.index(node)
         graph.nodes[at:at + 1] = build.nodes
         constants = {a: (graph.constants[a], a in graph.snapshots) for a in node.input_nodes() if a in graph.constants}
-        done.append(Padded(node, [n for n in build.nodes if n.op == _PAD], product, result,
-                           [(view, view.strides) for view, _ in reviews], constants))
+        traced = [(view, view.strides) for view, _ in reviews]
         for view, strides in reviews:
             view.strides = strides
+        padded_rewrite = Padded(node, [n for n in build.nodes if n.op == _PAD], product, result, traced,
+                                _contiguous_outputs(graph, [result, *(v for v, _ in reviews)], build), constants)
+        done.append(padded_rewrite)
     if done:
         graph.link_users()
     return done
+
+
+def _contiguous_outputs(graph: Graph, candidates: list[Node], build: Builder) -> list[tuple[Node, Node]]:
+    """A contiguous copy (a generated kernel) for each of `candidates` that the graph returns, which
+    it returns instead: a caller gets eager's strides, not the padded rows (torch.compile treats
+    padded strides reaching a user as a bug: pytorch#152520). Readers inside the graph keep the slice."""
+    returned = set(graph.output_nodes)
+    copies: list[tuple[Node, Node]] = []
+    for node in candidates:
+        if node not in returned:
+            continue
+        build.nodes = []
+        copy = build.add(f"{node.name}_contiguous", torch.ops.aten.clone.default, (node,), shape=node.shape,
+                         dtype=node.dtype)  # contiguous (Builder's default strides)
+        graph.nodes.insert(graph.nodes.index(node) + 1, copy)
+        graph.outputs = [map_args(o, lambda n, node=node, copy=copy: copy if n is node else n)  # type: ignore[misc]
+                         for o in graph.outputs]
+        copies.append((node, copy))
+    return copies
 
 
 def unpad_unfolded(graph: Graph, padded: list[Padded]) -> int:
@@ -123,6 +146,10 @@ def unpad_unfolded(graph: Graph, padded: list[Padded]) -> int:
         graph.nodes = [n for n in graph.nodes if id(n) not in gone]
         for view, strides in p.views:
             view.strides = strides
+        for node, copy in p.copies:
+            graph.outputs = [map_args(o, lambda n, node=node, copy=copy: node if n is copy else n)  # type: ignore[misc]
+                             for o in graph.outputs]
+            graph.nodes.remove(copy)
     if undone:
         graph.link_users()
         drop_unread_constants(graph, list(graph.snapshots))  # a pad folded for an undone product
@@ -135,7 +162,7 @@ def unpad_unfolded(graph: Graph, padded: list[Padded]) -> int:
 
 def _eligible(graph: Graph, node: Node) -> tuple[int, int, list[tuple[Node, tuple[int, ...]]]] | None:
     """(columns, padded columns, the new strides of the views that read the result) or None."""
-    if len(node.shape) != 2 or node.dtype not in _DTYPES or node in graph.output_nodes:
+    if len(node.shape) != 2 or node.dtype not in _DTYPES:
         return None
     rows, columns = node.shape
     padded = padded_columns(columns, node.itemsize)
