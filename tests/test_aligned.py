@@ -80,14 +80,29 @@ def test_the_product_runs_over_the_padded_weight_folded(config: Config, on_cpu: 
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
 
 
-def test_what_stays_as_traced(config: Config, on_cpu: None) -> None:
+def test_aligned_rows_stay_as_traced(config: Config, on_cpu: None) -> None:
     torch.manual_seed(0)
+    model, x = Head(vocab=40).eval(), randn(2, 20, 24)  # 160-byte rows
     with torch.no_grad():
-        for model, x in ((Head(vocab=40).eval(), randn(2, 20, 24)),  # aligned already: 160-byte rows
-                         (Head().eval(), randn(1, 7, 24))):  # 7 rows: fewer than MIN_ROWS
-            compiled = streamfuse.compile(model, (x,), config)
-            assert "aten.slice.Tensor" not in _ops(compiled)
+        compiled = streamfuse.compile(model, (x,), config)
+        assert "aten.slice.Tensor" not in _ops(compiled)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_rewrite_does_not_depend_on_the_batch(config: Config, on_cpu: None) -> None:
+    """One row or many, the plan pads: graphs captured at two batch sizes must be the same function
+    of the batch for the batch to be padded to a bucket (runtime/buckets.py)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(24), nn.Linear(24, 37)).eval()
+    with torch.no_grad():
+        for rows in (1, 3, 64):
+            compiled = streamfuse.compile(model, (randn(rows, 24),), config)
+            assert "aten.slice.Tensor" in _ops(compiled)
+            x = randn(rows, 24)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        compiled = streamfuse.compile(model, (randn(8, 24),), config)
+        assert compiled.batch_check is not None
+        compiled.batch_check(3)  # traced again at 3 and 9 rows: the same function of the batch (else raises)
 
 
 @pytest.mark.parametrize("budget", [1, 1000])

@@ -92,7 +92,7 @@ class Config:
     cuDNN chain at batch 32 (run 216: 24.6 against 12.0 us for 32 -> 8 -> 32 channels) and 0.75-0.8x of
     it at batch 1; batches 2-8 are the GEMV-like regime of batch 1 (not measured)."""
     product_row_alignment: bool = True
-    """With fold_weights, an mm / addmm of at least 16 rows whose result rows are not a whole number
+    """With fold_weights, an mm / addmm whose result rows are not a whole number
     of 16 bytes (GPT-2's LM head: 50257 columns), over a weight on a CUDA device, runs over the weight
     padded with zero columns, evaluated once (ir/pad_mm.py), and hands on the [M, N] slice of its
     result (a graph output: a contiguous copy), so cuBLAS can take its aligned kernels. Runs 216-221

@@ -17,8 +17,12 @@ slice, with row stride N + P; the views after it take their strides from it (a v
 express them stops the rewrite), and generated kernels are passed the strides of what they read.
 A graph output among them is returned as a contiguous copy (eager's strides; a generated kernel).
 
-Only where the product has at least MIN_ROWS rows and the weight lives on a CUDA device; a rewrite
-whose pads ir/weight_fold did not fold is undone (unpad_unfolded).
+Only where the weight lives on a CUDA device; a rewrite whose pads ir/weight_fold did not fold is
+undone (unpad_unfolded). Whatever the number of rows: the rule must not depend on the batch, or the
+graphs captured at two batch sizes would differ and the batch could not be padded to a bucket
+(runtime/buckets.py). Run 218 (H100, K 768, N 50257) found the padded product faster at every size
+from 8 to 1024 rows (3.5-6.4x bf16, 1.2-2.1x fp32 with TF32), and at one row 1.14x in bf16 and 0.98x
+(1.2 us slower) in fp32.
 """
 
 from __future__ import annotations
@@ -33,9 +37,6 @@ from streamfuse.ir.lowerings import Builder
 from streamfuse.ir.ops import OpKind
 
 ALIGN_BYTES = 16
-MIN_ROWS = 8
-"""Run 218 (H100, K 768, N 50257): padded faster by 3.7x / 1.9x / 1.2x (bf16 / fp16 / fp32 TF32) at 8
-rows, by 1.14x / 1.16x / 0.98x at one row (a matrix-vector product)."""
 _MM, _ADDMM, _PAD = "aten.mm.default", "aten.addmm.default", "aten.constant_pad_nd.default"
 _VIEW_OPS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -164,9 +165,9 @@ def _eligible(graph: Graph, node: Node) -> tuple[int, int, list[tuple[Node, tupl
     """(columns, padded columns, the new strides of the views that read the result) or None."""
     if len(node.shape) != 2 or node.dtype not in _DTYPES:
         return None
-    rows, columns = node.shape
+    columns = node.shape[1]
     padded = padded_columns(columns, node.itemsize)
-    if rows < MIN_ROWS or padded == columns:
+    if padded == columns:
         return None
     operands = node.args[1:] if node.op == _ADDMM else node.args
     if len(operands) != 2 or not all(isinstance(t, Node) and t.dtype == node.dtype for t in operands):
