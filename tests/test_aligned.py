@@ -132,6 +132,24 @@ def test_a_product_returned_as_it_is_comes_back_contiguous(config: Config, on_cp
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_under_autocast_the_cast_weight_is_padded(config: Config, on_cpu: None) -> None:
+    """Under autocast the product reads `t(_to_copy(weight))`: the cast and the pad are folded into
+    one snapshot, and the product runs in bfloat16 over it."""
+    torch.manual_seed(0)
+    model, x = Head(bias=True).eval(), randn(2, 20, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled = streamfuse.compile(model, (x,), config)
+    assert "aten.slice.Tensor" in _ops(compiled) and PAD not in _ops(compiled)
+    product = next(n for n in compiled.graph.nodes if n.op == "aten.addmm.default")
+    assert product.dtype == torch.bfloat16 and product.shape == (40, padded_columns(37, 2))
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        want = model(x)
+        got = compiled(x)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.stride() == w.stride()
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+
+
 def test_cpu_weights_are_not_padded(config: Config) -> None:
     torch.manual_seed(0)
     model, x = Head().eval(), randn(2, 20, 24)

@@ -10,7 +10,8 @@ dimension, decides: run 217). So the product runs over the weight padded with ze
     mm(a, b)            ->  slice(mm(a, pad(b, [0, P])), 1, 0, N)
     addmm(c, a, b)      ->  slice(addmm(pad(c, [0, P]), a, pad(b, [0, P])), 1, 0, N)
 
-where b [K, N] (a Linear's `t(weight)`) and c are computed from parameters alone, so ir/weight_fold
+where b [K, N] (a Linear's `t(weight)`, cast under autocast) and c are computed from parameters
+alone, so ir/weight_fold
 evaluates the pads once into a watched snapshot (computed again when the weight changes in place):
 P zero columns cost the product P / N more work and nothing per call. The result is the [M, N]
 slice, with row stride N + P; the views after it take their strides from it (a view that cannot
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from streamfuse.ir.constant_fold import evaluable
 from streamfuse.ir.fold import drop_unread_constants, fresh_name, replace_uses
 from streamfuse.ir.graph import Graph, Node, map_args
 from streamfuse.ir.lowerings import Builder
@@ -184,11 +186,23 @@ def _eligible(graph: Graph, node: Node) -> tuple[int, int, list[tuple[Node, tupl
 
 
 def _weight_on_cuda(graph: Graph, node: Node) -> bool:
-    """`node` is a parameter or buffer on a CUDA device, or a view of one (a Linear's `t(weight)`)."""
-    while node.kind is OpKind.VIEW and node not in graph.constants and len(node.input_nodes()) == 1:
-        node = node.input_nodes()[0]
-    value = graph.constants.get(node)
-    return isinstance(value, torch.Tensor) and value.device.type in DEVICES
+    """`node` is computed from parameters and buffers on a CUDA device alone, by deterministic ops: a
+    Linear's `t(weight)`, or under autocast `t(_to_copy(weight))`, which ir/weight_fold folds together
+    with the pad into one snapshot."""
+    seen: dict[Node, bool] = {}
+
+    def from_weights(n: Node) -> bool:
+        if n not in seen:
+            value = graph.constants.get(n)
+            if value is not None:
+                seen[n] = isinstance(value, torch.Tensor) and value.device.type in DEVICES
+            else:
+                operands = n.input_nodes()
+                seen[n] = n.kind is not OpKind.INPUT and evaluable(n) and bool(operands) and all(
+                    from_weights(a) for a in operands)
+        return seen[n]
+
+    return from_weights(node)
 
 
 def _restrided_views(node: Node, strides: tuple[int, ...]) -> list[tuple[Node, tuple[int, ...]]] | None:
