@@ -6,6 +6,7 @@ snapshots (nothing more per call), that the plan matches eager through what read
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from helpers import randn
 
 import streamfuse
-from streamfuse import Config
+from streamfuse import Config, StreamfuseFallbackWarning
 from streamfuse.bench.runner import exact_fp32
 from streamfuse.capture import backend as backend_module
 from streamfuse.ir import pad_mm
@@ -117,6 +118,12 @@ def test_a_pad_past_the_fold_budget_is_undone(config: Config, on_cpu: None, budg
         assert "aten.slice.Tensor" not in _ops(compiled) and PAD not in _ops(compiled)
         assert not any("padded to 16-byte rows" in note for note in compiled.graph.notes)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+    linear, x = nn.Linear(24, 37).eval(), randn(20, 24)  # undone where the product itself is the output
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", StreamfuseFallbackWarning)
+        compiled = streamfuse.compile(linear, (x,), config.replace(fold_weights_max_bytes=budget))
+        assert "aten.slice.Tensor" not in _ops(compiled) and "aten.clone.default" not in _ops(compiled)
+        torch.testing.assert_close(compiled(x), linear(x), rtol=1e-5, atol=1e-6)
 
 
 def test_a_product_returned_as_it_is_comes_back_contiguous(config: Config, on_cpu: None) -> None:

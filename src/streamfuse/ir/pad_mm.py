@@ -98,13 +98,13 @@ def pad_product_columns(graph: Graph) -> list[Padded]:
         replace_uses(graph, node, result)
         at = graph.nodes.index(node)
         graph.nodes[at:at + 1] = build.nodes
+        pads = [n for n in build.nodes if n.op == _PAD]
         constants = {a: (graph.constants[a], a in graph.snapshots) for a in node.input_nodes() if a in graph.constants}
         traced = [(view, view.strides) for view, _ in reviews]
         for view, strides in reviews:
             view.strides = strides
-        padded_rewrite = Padded(node, [n for n in build.nodes if n.op == _PAD], product, result, traced,
-                                _contiguous_outputs(graph, [result, *(v for v, _ in reviews)], build), constants)
-        done.append(padded_rewrite)
+        copies = _contiguous_outputs(graph, [result, *(v for v, _ in reviews)], build)
+        done.append(Padded(node, pads, product, result, traced, copies, constants))
     if done:
         graph.link_users()
     return done
@@ -149,8 +149,9 @@ def unpad_unfolded(graph: Graph, padded: list[Padded]) -> int:
         graph.nodes = [n for n in graph.nodes if id(n) not in gone]
         for view, strides in p.views:
             view.strides = strides
-        for node, copy in p.copies:
-            graph.outputs = [map_args(o, lambda n, node=node, copy=copy: node if n is copy else n)  # type: ignore[misc]
+        for node, copy in p.copies:  # the graph returns what it returned before: the result is the original again
+            back = p.original if node is p.result else node
+            graph.outputs = [map_args(o, lambda n, back=back, copy=copy: back if n is copy else n)  # type: ignore[misc]
                              for o in graph.outputs]
             graph.nodes.remove(copy)
     if undone:
@@ -177,16 +178,16 @@ def _eligible(graph: Graph, node: Node) -> tuple[int, int, list[tuple[Node, tupl
     a, b = operands
     if node.op == _ADDMM:
         bias = node.args[0]
-        if not (isinstance(bias, Node) and bias.shape == (columns,) and _weight_on_cuda(graph, bias)):
+        if not (isinstance(bias, Node) and bias.shape == (columns,) and _from_weights(graph, bias)):
             return None
-    if not _weight_on_cuda(graph, b) or b.shape != (a.shape[1], columns):  # type: ignore[union-attr]
+    if not _from_weights(graph, b) or b.shape != (a.shape[1], columns):  # type: ignore[union-attr]
         return None
     reviews = _restrided_views(node, (padded, 1))
     return None if reviews is None else (columns, padded, reviews)
 
 
-def _weight_on_cuda(graph: Graph, node: Node) -> bool:
-    """`node` is computed from parameters and buffers on a CUDA device alone, by deterministic ops: a
+def _from_weights(graph: Graph, node: Node) -> bool:
+    """`node` is computed from parameters and buffers on a DEVICES device alone, by deterministic ops: a
     Linear's `t(weight)`, or under autocast `t(_to_copy(weight))`, which ir/weight_fold folds together
     with the pad into one snapshot."""
     seen: dict[Node, bool] = {}
