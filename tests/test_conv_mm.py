@@ -117,3 +117,24 @@ def test_convolutions_that_are_not_fcs_stay(config: Config, device: torch.device
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert ops(compiled).count(CONV) == 4
     assert "run as products" not in compiled.explain(source=False)
+
+
+@pytest.mark.parametrize("addmm_bias", ["addmm", "split"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_split_bias_in_the_template_follows_the_view_back_to_four_dims(config: Config, device: torch.device,
+                                                                         batch: int, addmm_bias: str) -> None:
+    """The FC's product in the Triton template with its bias added by the epilogue (addmm_bias="split",
+    what "auto" chooses on a GPU where the plain product timed faster), then viewed back to
+    [N, S, 1, 1]: the bias is read at the tile's column, not its row. Run 226 (regnet_y_400mf at batch
+    1, H100) found every column getting the bias of column 0 (the index of the trailing ones)."""
+    torch.manual_seed(11 + batch)
+    model = SE().to(device).eval()
+    x = randn(batch, 24, 7, 7, device=device)
+    cfg = config.replace(pointwise_conv_mm=True, matmul_strategy="triton", addmm_bias=addmm_bias)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), cfg)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    fused = [[n.op for n in g.nodes] for g in compiled.plan.groups if g.kind.name == "MATMUL"]
+    assert len(fused) == 2, fused
+    if addmm_bias == "split":  # the bias add and the view to [N, S, 1, 1] are in the first FC's kernel
+        assert any("aten.add.Tensor" in g and "aten.view.default" in g for g in fused), fused

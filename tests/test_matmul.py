@@ -502,3 +502,15 @@ def test_tensor_descriptors_only_where_they_apply(config, device) -> None:  # ty
         compiled = compile_and_check(fn, [x], tma)
         (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
         assert not compiled.sources[group.id].descriptors
+
+
+@pytest.mark.parametrize("m, n", [(1, 8), (3, 8), (4, 1)])
+def test_epilogue_over_the_product_viewed_with_trailing_ones(m: int, n: int, config, device) -> None:  # type: ignore[no-untyped-def]
+    """An epilogue operand read at [M, N, 1, 1] (the product viewed back to a 1x1 image) gets the tile's
+    column for N's dim and 0 for the trailing ones (N = 1 included, where is_tile_shape keeps them)."""
+    w = randn(16, n, device=device, seed=21)
+    c = randn(1, n, 1, 1, device=device, seed=22)
+    fn = lambda x: torch.relu(torch.mm(x, w).view(m, n, 1, 1) + c)
+    compiled = compile_and_check(fn, [randn(m, 16, device=device)], _triton(config))
+    assert GroupKind.MATMUL in _kinds(compiled)
+    assert len([k for k in _kinds(compiled) if k is not GroupKind.MATMUL]) == 0, compiled.explain(source=False)

@@ -35,7 +35,7 @@ from streamfuse.fusion.geometry import fill_split
 from streamfuse.fusion.groups import Group
 from streamfuse.fusion.legality import matmul_dims, matmul_operands
 from streamfuse.ir.graph import Node
-from streamfuse.ir.indexing import Expr, Index, broadcast_index, delinearize
+from streamfuse.ir.indexing import ZERO, Expr, Index, broadcast_index, delinearize
 
 TILE_PARAMS = ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
                "GROUP_M: tl.constexpr", "SPLIT_K: tl.constexpr", "EVEN_K: tl.constexpr"]
@@ -147,7 +147,7 @@ def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = Fa
     em.fixed[mm] = _product(em, mm, tile_index)
     layouts = [_store_layout(out, batched) for out in group.outputs]
     for j, (out, strides) in enumerate(zip(group.outputs, layouts, strict=True)):
-        v = em.value(out, _index_in(em, out.shape, tile_index))
+        v = em.value(out, _index_in(em, out.shape, n, tile_index))
         offset = f"rm * {n} + rn" if strides is None else f"rm * {strides[0]} + rn * {strides[1]}"
         em.store(f"out{j}_ptr + {offset}", store_cast(v, out), "mask")
     em.lines[body_start:] = [f"    {line}" for line in em.lines[body_start:]]  # under `if last:`
@@ -299,13 +299,20 @@ def _product(em: Emitter, mm: Node, tile_index: Index) -> Operand:
     return em.tmp(value, torch.float32)
 
 
-def _index_in(em: Emitter, shape: tuple[int, ...], tile_index: Index) -> Index:
+def _index_in(em: Emitter, shape: tuple[int, ...], n: int, tile_index: Index) -> Index:
     """The tile's index in a reshape of it that keeps the last dim ([B, T, N] for an [M, N] tile;
-    tile rows count through the batches of a bmm)."""
-    if len(shape) == 2:
-        return tile_index
-    rows = em.hoist(delinearize(tile_index[0], shape[:-1]), "xm")
-    return (*rows, tile_index[1])
+    tile rows count through the batches of a bmm), with any trailing dims of size one after N (a
+    product viewed back to [N, S, 1, 1] by ir/conv_mm.py): legality.is_tile_shape's shapes, with its
+    rule for the trailing ones, so that N's dim gets the tile's column and the ones get 0."""
+    ones = 0
+    while len(shape) - ones > 2 and shape[len(shape) - 1 - ones] == 1 and n != 1:
+        ones += 1
+    core = shape[:len(shape) - ones]
+    zeros = (ZERO,) * ones
+    if len(core) == 2:
+        return (*tile_index, *zeros)
+    rows = em.hoist(delinearize(tile_index[0], core[:-1]), "xm")
+    return (*rows, tile_index[1], *zeros)
 
 
 def with_tile(source: KernelSource, group: Group, tile: MatmulTile) -> KernelSource:
