@@ -125,8 +125,9 @@ def test_a_split_bias_in_the_template_follows_the_view_back_to_four_dims(config:
                                                                          batch: int, addmm_bias: str) -> None:
     """The FC's product in the Triton template with its bias added by the epilogue (addmm_bias="split",
     what "auto" chooses on a GPU where the plain product timed faster), then viewed back to
-    [N, S, 1, 1]: the bias is read at the tile's column, not its row. Run 226 (regnet_y_400mf at batch
-    1, H100) found every column getting the bias of column 0 (the index of the trailing ones)."""
+    [N, S, 1, 1]: the bias is read at the tile's column, not its row. Run 224 (regnet_y_400mf at batch
+    1, H100) got a wrong result; run 227's kernel sources showed every column given the bias of
+    column 0 (the index of the trailing ones)."""
     torch.manual_seed(11 + batch)
     model = SE().to(device).eval()
     x = randn(batch, 24, 7, 7, device=device)
