@@ -161,3 +161,87 @@ def test_a_tied_embedding_trains_like_eager(graphs: bool, config: streamfuse.Con
     exes = [getattr(g, "compiled", g).base for g in backend_module.compiled_graphs[first:]]
     backward = [e for e in exes if any(n.op == "aten.index_put.default" for n in e.graph.nodes)]
     assert backward and any("folded into the scatter" in note for e in backward for note in e.graph.notes)
+
+
+class _Untied(nn.Module):
+    """Two embeddings used once each (BERT's word and token-type embeddings): their gradients stay
+    scatters into zeros, one of them over a single repeated index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.words = nn.Embedding(60, 16)
+        self.types = nn.Embedding(2, 16)
+        self.out = nn.Linear(16, 5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.words(ids) + self.types(torch.zeros_like(ids))))
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_an_embedding_gradient_runs_as_eagers_embedding_backward(kernel: bool, config: streamfuse.Config) -> None:
+    """Through the backend, several SGD steps in float64: each embedding's gradient (the token types'
+    all at index 0) is eager's, and with Config.embedding_backward the backward graph runs ATen's
+    embedding_dense_backward for both instead of the decomposition's index_put into zeros."""
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    model, eager = _Untied().double(), _Untied().double()
+    eager.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config.replace(embedding_backward=kernel)))
+    first = len(backend_module.compiled_graphs)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        ids = torch.randint(0, 60, (3, 10), generator=gen)
+        w = torch.randn(3, 10, 5, generator=gen, dtype=torch.float64)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        (compiled(ids) * w).sum().backward()
+        (eager(ids) * w).sum().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+        for opt in opts:
+            opt.step()
+    ops = [n.op for g in backend_module.compiled_graphs[first:] for n in getattr(g, "compiled", g).base.graph.nodes]
+    assert ops.count("aten.embedding_dense_backward.default") == (2 if kernel else 0), ops
+    assert ops.count("aten.index_put.default") == (0 if kernel else 2), ops
+
+
+@pytest.mark.parametrize("case", ["two-indices", "zeros-read-elsewhere", "no-accumulate", "fill-one", "fill-is-values"])
+def test_scatters_that_are_not_an_embedding_gradient_stay(case: str, config: streamfuse.Config) -> None:
+    """Two index tensors, a zero fill something else reads, a scatter that overwrites, a fill of one,
+    the fill scattered into itself: each stays index_put, with eager's values."""
+    def f(idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        fill = torch.ones(40, 8, dtype=v.dtype) if case == "fill-one" else torch.zeros(40, 8, dtype=v.dtype)
+        if case == "two-indices":
+            return index_put(fill, [idx, idx % 8], v[:, 0], True)
+        if case == "fill-is-values":  # the zeros scattered into themselves
+            return index_put(fill, [torch.arange(40) % 5], fill, True) + v.sum()
+        out = index_put(fill, [idx[:3]] if case == "no-accumulate" else [idx],
+                        v[:3] if case == "no-accumulate" else v, case != "no-accumulate")
+        return (out, fill * 2) if case == "zeros-read-elsewhere" else out
+
+    gen = torch.Generator().manual_seed(6)
+    args = (torch.tensor([3, 0, 3, 39, 7, 3, 12]), torch.randn(7, 8, generator=gen, dtype=torch.float64))
+    compiled = streamfuse.compile(f, args, config.replace(fold_constants=False))
+    for got, want in zip(torch.utils._pytree.tree_leaves(compiled(*args)), torch.utils._pytree.tree_leaves(f(*args)),
+                         strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    ops = [n.op for n in compiled.base.graph.nodes]
+    assert "aten.embedding_dense_backward.default" not in ops and "aten.index_put.default" in ops, ops
+
+
+def test_embedding_backward_kernels_counts_what_it_rewrote() -> None:
+    from streamfuse.capture.export import capture
+    from streamfuse.ir.from_fx import graph_from_fx
+    from streamfuse.ir.scatter_add import embedding_backward_kernels
+
+    def f(idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return index_put(torch.zeros(40, 8, dtype=v.dtype), [idx], v, True) * 2
+
+    args = (torch.tensor([[3, 0], [3, 39]]), torch.randn(2, 2, 8, dtype=torch.float64))
+    graph = graph_from_fx(capture(f, args).gm)
+    assert embedding_backward_kernels(graph) == 1
+    assert embedding_backward_kernels(graph) == 0
+    graph.validate()
+    node = next(n for n in graph.nodes if n.op == "aten.embedding_dense_backward.default")
+    assert node.args[2:] == (40, -1, False) and node.shape == (40, 8)
