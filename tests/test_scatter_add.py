@@ -6,6 +6,9 @@ embedding's scatter into zeros: three vocabulary-sized buffers before, one after
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -122,6 +125,33 @@ def test_fold_scatter_add_counts_what_it_rewrote() -> None:
     graph.validate()
 
 
+def _train_like_eager(make: Callable[[], nn.Module], config: streamfuse.Config, steps: int, outputs: int,
+                      seed: int) -> list[Any]:
+    """`make()` in float64 trained through the backend beside eager for `steps` SGD steps on random
+    ids below 60 ([3, 10]), every gradient checked against eager's each step; returns the compiled
+    graphs' executables."""
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    model, eager = make().double(), make().double()
+    eager.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=streamfuse.make_backend(config))
+    first = len(backend_module.compiled_graphs)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    gen = torch.Generator().manual_seed(seed + 1)
+    for _ in range(steps):
+        ids = torch.randint(0, 60, (3, 10), generator=gen)
+        w = torch.randn(3, 10, outputs, generator=gen, dtype=torch.float64)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        (compiled(ids) * w).sum().backward()
+        (eager(ids) * w).sum().backward()
+        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
+        for opt in opts:
+            opt.step()
+    return [getattr(g, "compiled", g).base for g in backend_module.compiled_graphs[first:]]
+
+
 class _TiedLM(nn.Module):
     """An embedding whose table is also the output layer's weight (GPT-2's word embedding)."""
 
@@ -139,26 +169,7 @@ class _TiedLM(nn.Module):
 def test_a_tied_embedding_trains_like_eager(graphs: bool, config: streamfuse.Config) -> None:
     """Through the backend, several SGD steps: the tied weight's gradient is the folded scatter's, in
     place on the product's buffer (float64: only the order of additions differs from eager)."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model, eager = _TiedLM().double(), _TiedLM().double()
-    eager.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend=streamfuse.make_backend(config.replace(backend_cuda_graphs=graphs)))
-    first = len(backend_module.compiled_graphs)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(4):
-        ids = torch.randint(0, 60, (3, 10), generator=gen)
-        w = torch.randn(3, 10, 60, generator=gen, dtype=torch.float64)
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        (compiled(ids) * w).sum().backward()
-        (eager(ids) * w).sum().backward()
-        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
-        for opt in opts:
-            opt.step()
-    exes = [getattr(g, "compiled", g).base for g in backend_module.compiled_graphs[first:]]
+    exes = _train_like_eager(_TiedLM, config.replace(backend_cuda_graphs=graphs), steps=4, outputs=60, seed=0)
     backward = [e for e in exes if any(n.op == "aten.index_put.default" for n in e.graph.nodes)]
     assert backward and any("folded into the scatter" in note for e in backward for note in e.graph.notes)
 
@@ -182,26 +193,8 @@ def test_an_embedding_gradient_runs_as_eagers_embedding_backward(kernel: bool, c
     """Through the backend, several SGD steps in float64: each embedding's gradient (the token types'
     all at index 0) is eager's, and with Config.embedding_backward the backward graph runs ATen's
     embedding_dense_backward for both instead of the decomposition's index_put into zeros."""
-    torch._dynamo.reset()
-    torch.manual_seed(2)
-    model, eager = _Untied().double(), _Untied().double()
-    eager.load_state_dict(model.state_dict())
-    compiled = torch.compile(model, backend=streamfuse.make_backend(config.replace(embedding_backward=kernel)))
-    first = len(backend_module.compiled_graphs)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
-    gen = torch.Generator().manual_seed(3)
-    for _ in range(3):
-        ids = torch.randint(0, 60, (3, 10), generator=gen)
-        w = torch.randn(3, 10, 5, generator=gen, dtype=torch.float64)
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        (compiled(ids) * w).sum().backward()
-        (eager(ids) * w).sum().backward()
-        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-10, atol=1e-10, msg=lambda m, n=name: f"{n}: {m}")
-        for opt in opts:
-            opt.step()
-    ops = [n.op for g in backend_module.compiled_graphs[first:] for n in getattr(g, "compiled", g).base.graph.nodes]
+    exes = _train_like_eager(_Untied, config.replace(embedding_backward=kernel), steps=3, outputs=5, seed=2)
+    ops = [n.op for e in exes for n in e.graph.nodes]
     assert ops.count("aten.embedding_dense_backward.default") == (2 if kernel else 0), ops
     assert ops.count("aten.index_put.default") == (0 if kernel else 2), ops
 
