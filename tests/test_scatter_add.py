@@ -223,18 +223,45 @@ def test_scatters_that_are_not_an_embedding_gradient_stay(case: str, config: str
     assert "aten.embedding_dense_backward.default" not in ops and "aten.index_put.default" in ops, ops
 
 
-def test_embedding_backward_kernels_counts_what_it_rewrote() -> None:
-    from streamfuse.capture.export import capture
+embedding_backward = torch.ops.aten.embedding_dense_backward.default
+
+
+@pytest.mark.parametrize("case", ["folds", "padding-index", "int32-ids", "float32-into-float64", "bfloat16"])
+def test_a_sum_with_an_embedding_gradient_folds_where_index_put_computes_the_same(
+        case: str) -> None:
+    """add(x, embedding_dense_backward(g, ids, W, -1, False)) -> index_put(x, [ids], g, True): the tied
+    weight's fold with the op kept whole. Not with a padding index (the op leaves that row at zero),
+    int32 indices, a gradient of another dtype than x, or 16-bit ones (the op sums them in float32,
+    index_put into x would sum in x's dtype). The
+    values of the fold are checked by training the tied embedding above."""
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.tensor([[3, 0, 3], [39, 7, 3]], dtype=torch.int32 if case == "int32-ids" else torch.int64)
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float64
+    g = torch.randn(2, 3, 8, generator=gen, dtype=torch.float32 if case == "float32-into-float64" else dtype)
+    a, b = torch.randn(6, 40, generator=gen, dtype=dtype), torch.randn(6, 8, generator=gen, dtype=dtype)
+    padding = 3 if case == "padding-index" else -1
+
+    def f(a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        grad = embedding_backward(g, ids, 40, padding, False)
+        return (torch.mm(a.t(), b) + grad.to(a.dtype)) * 3
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     from streamfuse.ir.from_fx import graph_from_fx
-    from streamfuse.ir.scatter_add import embedding_backward_kernels
 
-    def f(idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return index_put(torch.zeros(40, 8, dtype=v.dtype), [idx], v, True) * 2
-
-    args = (torch.tensor([[3, 0], [3, 39]]), torch.randn(2, 2, 8, dtype=torch.float64))
-    graph = graph_from_fx(capture(f, args).gm)
-    assert embedding_backward_kernels(graph) == 1
-    assert embedding_backward_kernels(graph) == 0
+    graph = graph_from_fx(make_fx(f)(a, b, ids, g))  # no decomposition: the op whole, as the backend keeps it
+    assert fold_scatter_add(graph) == (1 if case == "folds" else 0)
     graph.validate()
-    node = next(n for n in graph.nodes if n.op == "aten.embedding_dense_backward.default")
-    assert node.args[2:] == (40, -1, False) and node.shape == (40, 8)
+    ops = [n.op for n in graph.nodes]
+    assert ("aten.embedding_dense_backward.default" in ops) is (case != "folds"), ops
+    if case == "folds":
+        (scatter,) = [n for n in graph.nodes if n.op == "aten.index_put.default"]
+        assert scatter.args[2].op == "input" and scatter.args[3] is True
+
+
+def test_the_backends_table_keeps_the_embedding_gradient_whole_only_when_asked() -> None:
+    from streamfuse.capture.decomp import decomposition_table
+
+    assert embedding_backward in decomposition_table(False)
+    assert embedding_backward not in decomposition_table(True)
+    assert torch.ops.aten.index_put.default not in decomposition_table(True)

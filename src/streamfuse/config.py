@@ -66,10 +66,11 @@ class Config:
     accumulate=True): a tied weight's two gradients (GPT-2's word embedding and LM head) summed in one
     buffer instead of three, run in place where x is a buffer of the call (ir/scatter_add.py)."""
     embedding_backward: bool = True
-    """An embedding's gradient that torch's decomposition made a scatter into zeros (index_put with
-    accumulate) runs as ATen's embedding_dense_backward, eager's kernel, which sums repeated indices
-    in parallel; index_put sums them one after another (BERT's token types, all one index: 502 µs
-    per training step for its three embeddings, run 222). ir/scatter_add.py."""
+    """The backend keeps an embedding's gradient as ATen's embedding_dense_backward, eager's kernel,
+    which sums repeated indices in parallel, instead of torch's decomposition into an accumulating
+    index_put into zeros, which sums them one after another (BERT's token types, all one index: 502
+    µs per training step for its three embeddings, run 222). A tied weight's sum still folds into
+    one scatter (fold_scatter_add). capture/decomp.py, ir/scatter_add.py."""
     addmm_bias: AddmmBias = "auto"
     """Where an `addmm`'s bias is added when every reader of the product is a pointwise op (which can
     add it for free: it reads the product anyway). "addmm": by cuBLAS, in its GEMM epilogue. "split":

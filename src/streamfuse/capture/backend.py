@@ -416,7 +416,8 @@ def make_backend(config: Config | None = None) -> Any:
     # which the plan writes back in one launch at the end of each call (Graph.writebacks)
     aot = aot_autograd(fw_compiler=_compiler(config, "forward"), bw_compiler=_compiler(config, "backward"),
                        inference_compiler=_compiler(config, "inference"),
-                       decompositions=decomposition_table(), partition_fn=min_cut_rematerialization_partition,
+                       decompositions=decomposition_table(config.embedding_backward),
+                       partition_fn=min_cut_rematerialization_partition,
                        keep_inference_input_mutations=True)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:

@@ -9,6 +9,8 @@ logsumexp that the (not decomposed) backward reads, so training gradients came o
 (their reference decompositions go through prims that cannot be functionalized), and so does
 inference batch-norm (its decomposition goes through a mutating op): ir/lowerings.py lowers
 them while converting. Optimizers' `_foreach_*` ops become one op per tensor (capture/foreach.py).
+The backend's table can keep embedding_dense_backward whole too (Config.embedding_backward: eager's
+kernel, where torch's rule makes a scatter that sums repeated indices serially; ir/scatter_add.py).
 """
 
 from __future__ import annotations
@@ -41,26 +43,28 @@ def _full_like(x: torch.Tensor, fill_value: Any, *, dtype: torch.dtype | None = 
     return aten.full.default(list(x.shape), fill_value, dtype=dtype or x.dtype, device=device or x.device)
 
 
-def _finish(core: dict[Any, Any]) -> dict[Any, Any]:
+def _finish(core: dict[Any, Any], keep: tuple[Any, ...] = ()) -> dict[Any, Any]:
     table = dict(core)
     table.update(get_decompositions(_EXTRA))
     table.update(foreach_decompositions())  # optimizers' multi-tensor updates, one op per tensor
     table[aten.full_like.default] = _full_like
-    for packet in _KEEP_WHOLE:
+    for packet in (*_KEEP_WHOLE, *keep):
         for overload in packet.overloads():
             table.pop(getattr(packet, overload), None)
     return table
 
 
 @functools.cache
-def decomposition_table() -> dict[Any, Any]:
+def decomposition_table(embedding_backward: bool = False) -> dict[Any, Any]:
     """The table for tracing (make_fx, AOTAutograd). There a CompositeImplicitAutograd op (linear,
     dropout, ...) decomposes by itself as it is traced, so torch's core table without those ops'
     entries gives the same graphs (every suite model's inference capture and training forward and
     backward, session 37) and skips materializing those entries (on the CPU, 70 ms of a new
-    process's first compile). Where this torch lacks that table, the full one."""
+    process's first compile). Where this torch lacks that table, the full one. `embedding_backward`:
+    embedding_dense_backward stays one op (Config.embedding_backward)."""
     lean = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
-    return _finish(lean() if lean is not None else core_aten_decompositions())
+    return _finish(lean() if lean is not None else core_aten_decompositions(),
+                   (aten.embedding_dense_backward,) if embedding_backward else ())
 
 
 @functools.cache

@@ -18,18 +18,17 @@ floating-point additions differs (x first, not last). The functional index_put s
 run time runtime/writeback.scatter_into_fresh updates x in place where x is a buffer the call fills
 and nothing else reads.
 
-An embedding's gradient that stays a scatter into zeros (its weight used once: BERT's word, position
-and token-type embeddings) is given back to ATen's own op, `embedding_backward_kernels`:
+The backend keeps an embedding's gradient as ATen's `embedding_dense_backward` (Config.embedding_backward,
+capture/decomp.py), the op eager runs, instead of torch's decomposition into a scatter into zeros:
+ATen's accumulating index_put sums repeated indices one after another, and BERT-base's token types
+(all index 0, 1024 repeats at 8x128 tokens) made its three embedding gradients take 502 µs of a 20.6 ms
+training step in `indexing_backward_kernel` (run 222, H100), where eager's kernel does not show among
+its step's 15 costliest (each under 130 µs). A tied weight's sum folds that op too:
 
-    index_put(zeros[W, D], [ids], values, accumulate=True)  ->  embedding_dense_backward(values, ids, W, -1, False)
+    add(x, embedding_dense_backward(g, ids, W, -1, False))  ->  index_put(x, [ids], g, accumulate=True)
 
-torch's decomposition table turns embedding_dense_backward into that scatter, and ATen's
-index_put with accumulate runs duplicates of one index one after another (sorted, then a serial
-sum per run): BERT-base's token types, all 0, make 1024 duplicates at 8x128 tokens, and its three
-embedding gradients took 502 µs of a 20.6 ms training step (run 222, H100) in
-`indexing_backward_kernel`. Eager's embedding_dense_backward does not show in its step's 15
-costliest kernels (each under 130 µs): its kernel sums duplicates in parallel across features. The
-sums are the same; the order of the additions is eager's.
+for float32 and float64 gradients (the op accumulates 16-bit gradients in float32, which index_put
+into a 16-bit x would not), int64 indices and no padding index (whose rows the op leaves at zero).
 """
 
 from __future__ import annotations
@@ -37,12 +36,13 @@ from __future__ import annotations
 import torch
 
 from streamfuse.ir.fold import fresh_name, splice
-from streamfuse.ir.graph import Graph, Node, iter_nodes
+from streamfuse.ir.graph import Arg, Graph, Node, iter_nodes
 from streamfuse.ir.indexing import dense_order, is_contiguous_meta
 from streamfuse.ir.lowerings import Builder
 
 _ADD = "aten.add.Tensor"
 _INDEX_PUT = "aten.index_put.default"
+_EMBEDDING_BACKWARD = "aten.embedding_dense_backward.default"
 FILLS = {"aten.full.default": 1, "aten.full_like.default": 1, "aten.new_full.default": 2,
          "aten.zeros.default": None, "aten.zeros_like.default": None, "aten.new_zeros.default": None}
 """Ops whose result is a new buffer of their own filled with one value: the position of the fill
@@ -60,11 +60,11 @@ def fold_scatter_add(graph: Graph) -> int:
         if match is None:
             continue
         x, scatter, zeros = match
+        indices, values = _scattered(scatter)
         build.nodes = []
         folded = build.add(f"{scatter.name}_into_{x.name}", torch.ops.aten.index_put.default,
-                           (x, scatter.args[1], scatter.args[2], True), shape=add.shape, dtype=add.dtype,
-                           strides=add.strides)
-        splice(graph, add, build.nodes, folded, (scatter, zeros))
+                           (x, indices, values, True), shape=add.shape, dtype=add.dtype, strides=add.strides)
+        splice(graph, add, build.nodes, folded, tuple(n for n in (scatter, zeros) if n is not None))
         done += 1
     if done:
         graph.link_users()
@@ -73,28 +73,55 @@ def fold_scatter_add(graph: Graph) -> int:
     return done
 
 
-def _match(add: Node, outputs: set[Node]) -> tuple[Node, Node, Node] | None:
-    """(x, scatter, zeros) when `add` is add(x, index_put(zeros, ..., accumulate=True)) in either order."""
+def _match(add: Node, outputs: set[Node]) -> tuple[Node, Node, Node | None] | None:
+    """(x, scatter, zeros) when `add` is add(x, index_put(zeros, ..., accumulate=True)) in either order,
+    or (x, embedding gradient, None) for add(x, embedding_dense_backward(...)) as the module docstring
+    allows."""
     if len(add.args) != 2 or add.kwargs or add.dtype is None or add.dtype == torch.bool or add.dtype.is_complex:
         return None
     for x, scatter in (add.args, add.args[::-1]):
         if not (isinstance(x, Node) and isinstance(scatter, Node)) or x is scatter:
             continue
-        if scatter.op != _INDEX_PUT or scatter.users != [add] or scatter in outputs or scatter.kwargs:
+        if scatter.users != [add] or scatter in outputs or scatter.kwargs:
             continue
-        if len(scatter.args) != 4 or scatter.args[3] is not True:
+        if not (x.shape == scatter.shape == add.shape and x.dtype == scatter.dtype == add.dtype):
+            continue
+        if x.strides != add.strides or not _dense(x):  # the folded scatter's result has x's strides
+            continue
+        if scatter.op == _EMBEDDING_BACKWARD:
+            if _foldable_embedding_gradient(scatter, x):
+                return x, scatter, None
+            continue
+        if scatter.op != _INDEX_PUT or len(scatter.args) != 4 or scatter.args[3] is not True:
             continue
         zeros = scatter.args[0]
         if not isinstance(zeros, Node) or not _zero_fill(zeros) or zeros.users != [scatter] or zeros in outputs:
             continue
         if any(a is zeros for a in iter_nodes(scatter.args[1:])):
             continue  # the zeros are also what is scattered (the fold removes them)
-        if not (x.shape == scatter.shape == zeros.shape == add.shape and x.dtype == scatter.dtype == add.dtype):
-            continue
-        if x.strides != add.strides or not _dense(x):  # the folded scatter's result has x's strides
+        if zeros.shape != scatter.shape:
             continue
         return x, scatter, zeros
     return None
+
+
+def _foldable_embedding_gradient(grad: Node, x: Node) -> bool:
+    """embedding_dense_backward(g, ids, W, -1, False) whose sum into `x` index_put computes as the op
+    would: float32/64 (no 16-bit accumulation), int64 indices of g's leading shape, no padding index."""
+    if len(grad.args) != 5 or not all(isinstance(a, Node) for a in grad.args[:2]):
+        return False
+    g, ids, _num_weights, padding_idx, by_freq = grad.args
+    assert isinstance(g, Node) and isinstance(ids, Node)
+    return (padding_idx == -1 and by_freq is False and g.dtype == x.dtype
+            and g.dtype in (torch.float32, torch.float64) and ids.dtype == torch.int64
+            and bool(ids.shape) and ids.shape == g.shape[:-1] and x is not g and x is not ids)
+
+
+def _scattered(scatter: Node) -> tuple[Arg, Arg]:
+    """(indices list, values) that index_put scatters, of an index_put or an embedding gradient."""
+    if scatter.op == _EMBEDDING_BACKWARD:
+        return [scatter.args[1]], scatter.args[0]
+    return scatter.args[1], scatter.args[2]
 
 
 def _zero_fill(node: Node) -> bool:
@@ -113,56 +140,3 @@ def _dense(node: Node) -> bool:
     return len(node.strides) == len(node.shape) and (
         is_contiguous_meta(node) or dense_order(node.shape, node.strides) is not None)
 
-
-_EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
-
-
-def embedding_backward_kernels(graph: Graph) -> int:
-    """Rewrite each scatter into zeros that is an embedding's gradient (module docstring) as ATen's
-    embedding_dense_backward, in place; returns how many. Matched: index_put(zeros, [ids], values,
-    True) with a contiguous [W, D] zero fill that nothing else reads, one integer index tensor of
-    values' leading shape, and values [..., D] in the fill's floating dtype."""
-    names = {n.name for n in graph.nodes}
-    outputs = set(graph.output_nodes)
-    build = Builder(fresh=lambda name: fresh_name(name, names), nodes=[])
-    done = 0
-    for scatter in [n for n in graph.nodes if n.op == _INDEX_PUT]:
-        match = _embedding_gradient(scatter, outputs)
-        if match is None:
-            continue
-        zeros, ids, values = match
-        build.nodes = []
-        grad = build.add(f"{scatter.name}_embedding", _EMBEDDING_BACKWARD, (values, ids, zeros.shape[0], -1, False),
-                         shape=scatter.shape, dtype=scatter.dtype, strides=scatter.strides)
-        splice(graph, scatter, build.nodes, grad, (zeros,))
-        done += 1
-    if done:
-        graph.link_users()
-        graph.notes.append(f"{done} scatter(s) into zeros run as ATen's embedding_dense_backward "
-                           "(Config.embedding_backward)")
-    return done
-
-
-def _embedding_gradient(scatter: Node, outputs: set[Node]) -> tuple[Node, Node, Node] | None:
-    """(zeros, ids, values) when `scatter` is an embedding's gradient scattered into zeros."""
-    if scatter.kwargs or len(scatter.args) != 4 or scatter.args[3] is not True:
-        return None
-    zeros, indices, values = scatter.args[:3]
-    if not (isinstance(zeros, Node) and isinstance(values, Node) and isinstance(indices, (list, tuple))):
-        return None
-    if len(indices) != 1 or not isinstance(indices[0], Node):
-        return None
-    ids = indices[0]
-    if not _zero_fill(zeros) or zeros.users != [scatter] or zeros in outputs or len(zeros.shape) != 2:
-        return None
-    if ids is zeros or values is zeros:  # the fill is also what is scattered (the rewrite drops it)
-        return None
-    if not is_contiguous_meta(zeros) or zeros.strides != scatter.strides or zeros.shape != scatter.shape:
-        return None
-    if ids.dtype not in (torch.int64, torch.int32) or not ids.shape or ids.shape != values.shape[:-1]:
-        return None
-    if values.dtype != zeros.dtype or zeros.dtype is None or not zeros.dtype.is_floating_point:
-        return None
-    if values.shape[-1] != zeros.shape[1] or zeros.shape[0] == 0:
-        return None
-    return zeros, ids, values

@@ -31,7 +31,7 @@ from streamfuse.ir.indexing import channels_last_strides, is_contiguous_meta
 from streamfuse.ir.mm_bias import bias_into_addmm, split_addmm, split_candidates
 from streamfuse.ir.mm_gelu import gelu_into_addmm
 from streamfuse.ir.rng import RngState, attach_rng, is_rand
-from streamfuse.ir.scatter_add import embedding_backward_kernels, fold_scatter_add
+from streamfuse.ir.scatter_add import fold_scatter_add
 from streamfuse.profile import known
 from streamfuse.runtime.inputs import BadInput, move_cpu_snapshots, raise_bad_count, raise_bad_input, scalars_to_device
 from streamfuse.runtime.precompile import precompile
@@ -73,8 +73,6 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         bias_into_addmm(graph)
     if config.fold_scatter_add:  # x + scatter into zeros -> the scatter into x
         fold_scatter_add(graph)
-    if config.embedding_backward:  # an embedding's gradient scattered into zeros -> eager's ATen op
-        embedding_backward_kernels(graph)
     clock = StageClock()
     if config.addmm_bias != "addmm":  # addmm -> mm, the bias added by the pointwise readers
         split = split_candidates(graph)
