@@ -199,14 +199,19 @@ def test_an_embedding_gradient_runs_as_eagers_embedding_backward(kernel: bool, c
     assert ops.count("aten.index_put.default") == (0 if kernel else 2), ops
 
 
-@pytest.mark.parametrize("case", ["two-indices", "zeros-read-elsewhere", "no-accumulate", "fill-one", "fill-is-values"])
+@pytest.mark.parametrize("case", ["two-indices", "zeros-read-elsewhere", "no-accumulate", "fill-one", "fill-is-values",
+                                  "negative-indices"])
 def test_scatters_that_are_not_an_embedding_gradient_stay(case: str, config: streamfuse.Config) -> None:
     """Two index tensors, a zero fill something else reads, a scatter that overwrites, a fill of one,
-    the fill scattered into itself: each stays index_put, with eager's values."""
+    the fill scattered into itself, negative indices: each stays index_put, with eager's values (a
+    user's scatter is never taken for an embedding's gradient: the backend keeps that op whole where
+    autograd made it)."""
     def f(idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         fill = torch.ones(40, 8, dtype=v.dtype) if case == "fill-one" else torch.zeros(40, 8, dtype=v.dtype)
         if case == "two-indices":
             return index_put(fill, [idx, idx % 8], v[:, 0], True)
+        if case == "negative-indices":  # legal for index_put, not for embedding_dense_backward
+            return index_put(fill, [idx - 40], v, True)
         if case == "fill-is-values":  # the zeros scattered into themselves
             return index_put(fill, [torch.arange(40) % 5], fill, True) + v.sum()
         out = index_put(fill, [idx[:3]] if case == "no-accumulate" else [idx],

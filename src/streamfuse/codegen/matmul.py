@@ -33,7 +33,7 @@ from streamfuse.codegen.types import TL_DTYPE
 from streamfuse.config import Config
 from streamfuse.fusion.geometry import fill_split
 from streamfuse.fusion.groups import Group
-from streamfuse.fusion.legality import matmul_dims, matmul_operands
+from streamfuse.fusion.legality import matmul_dims, matmul_operands, tile_core
 from streamfuse.ir.graph import Node
 from streamfuse.ir.indexing import ZERO, Expr, Index, broadcast_index, delinearize
 
@@ -301,14 +301,11 @@ def _product(em: Emitter, mm: Node, tile_index: Index) -> Operand:
 
 def _index_in(em: Emitter, shape: tuple[int, ...], n: int, tile_index: Index) -> Index:
     """The tile's index in a reshape of it that keeps the last dim ([B, T, N] for an [M, N] tile;
-    tile rows count through the batches of a bmm), with any trailing dims of size one after N (a
-    product viewed back to [N, S, 1, 1] by ir/conv_mm.py): legality.is_tile_shape's shapes, with its
-    rule for the trailing ones, so that N's dim gets the tile's column and the ones get 0."""
-    ones = 0
-    while len(shape) - ones > 2 and shape[len(shape) - 1 - ones] == 1 and n != 1:
-        ones += 1
-    core = shape[:len(shape) - ones]
-    zeros = (ZERO,) * ones
+    tile rows count through the batches of a bmm), with the trailing dims of size one that
+    legality.tile_core strips (a product viewed back to [N, S, 1, 1]) at index 0, so that N's dim
+    gets the tile's column."""
+    core = tile_core(shape, n)
+    zeros = (ZERO,) * (len(shape) - len(core))
     if len(core) == 2:
         return (*tile_index, *zeros)
     rows = em.hoist(delinearize(tile_index[0], core[:-1]), "xm")

@@ -259,13 +259,20 @@ def matmul_dims(node: Node) -> tuple[int, int, int, int]:
     return batch, a.shape[-2], b.shape[-1], a.shape[-1]
 
 
-def is_tile_shape(shape: tuple[int, ...], m: int, n: int) -> bool:
-    """The [m, n] tile, or a reshape of it that keeps the last dim (e.g. [B, T, n] with B*T = m), with
-    any trailing dims of size one (a product viewed back to [N, S, 1, 1]: ir/conv_mm.py), which
-    leave every element where the row-major tile has it."""
+def tile_core(shape: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """`shape` without the trailing dims of size one after a last dim of n (a product viewed back to
+    [N, S, 1, 1]: ir/conv_mm.py), which leave every element where the row-major tile has it. The
+    matmul template indexes a tile-shaped output through this core (codegen/matmul._index_in)."""
     while len(shape) > 2 and shape[-1] == 1 and n != 1:
         shape = shape[:-1]
-    return len(shape) >= 1 and shape[-1] == n and math.prod(shape[:-1]) == m
+    return shape
+
+
+def is_tile_shape(shape: tuple[int, ...], m: int, n: int) -> bool:
+    """The [m, n] tile, or a reshape of it that keeps the last dim (e.g. [B, T, n] with B*T = m), with
+    any trailing dims of size one (tile_core)."""
+    core = tile_core(shape, n)
+    return len(core) >= 1 and core[-1] == n and math.prod(core[:-1]) == m
 
 
 def _check_matmul(nodes: list[Node], members: set[Node], inputs: tuple[Node, ...], outputs: tuple[Node, ...],
