@@ -186,3 +186,28 @@ def test_split_is_capped_and_still_sums_every_slice(config: Config, device: torc
     (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.REDUCTION]
     assert long_rows(group.domain, config) and looped_split(group.domain, config, sm_count, False)[0] == 3
     torch.testing.assert_close(compiled(x), fn(x), rtol=1e-4, atol=1e-3)
+
+
+def _ln_backward_sums(a: torch.Tensor, b: torch.Tensor, xhat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A layer norm's backward after a residual add: the row kernel makes the gradient `g` and
+    `g * xhat`; the weight's and bias's gradients sum each over the batch and sequence dims."""
+    g = a + b
+    h = g * xhat
+    dx = h - h.mean(2, keepdim=True) - xhat * (h * xhat).mean(2, keepdim=True)
+    return dx, h.sum((0, 1)), g.sum((0, 1))
+
+
+def test_sibling_reductions_of_one_producer_share_a_kernel(config: Config) -> None:
+    """Two reductions over one domain that read different results of one generated kernel (a layer
+    norm's weight and bias gradients) run as one kernel; with Config.sibling_reductions off, two.
+    Results match eager either way."""
+    a, b, xhat = (torch.randn(2, 24, 40) for _ in range(3))
+    counts = {}
+    for sibling in (True, False):
+        compiled = streamfuse.compile(_ln_backward_sums, (a, b, xhat), config.replace(sibling_reductions=sibling))
+        columns = [grp for grp in compiled.plan.groups
+                   if grp.kind is GroupKind.REDUCTION and grp.domain is not None and grp.domain.dims == (0, 1)]
+        counts[sibling] = len(columns)
+        for got, want in zip(compiled(a, b, xhat), _ln_backward_sums(a, b, xhat), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert counts == {True: 1, False: 2}

@@ -152,14 +152,18 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    beside others timed beside copies of itself (Config.autotune_concurrency)
     schedule = schedule_steps(plan, config, measured)
     clock.lap("stream schedule")
+    wrong: set[int] = set()
     if on_gpu and config.autotune:
         from streamfuse.tune.autotune import TuneJob, tune_matmuls
 
         tuned = [(i, g) for i, g in enumerate(plan.groups) if g.kind is GroupKind.MATMUL]
         jobs = [TuneJob(g, sources[g.id], _load(sources[g.id], config),
                         schedule.concurrency.get(i, 1) if config.autotune_concurrency else 1) for i, g in tuned]
-        for (_, g), (source, _) in zip(tuned, tune_matmuls(jobs, config, device), strict=True):
+        for (_, g), job, (source, _) in zip(tuned, jobs, tune_matmuls(jobs, config, device), strict=True):
             sources[g.id] = source
+            if job.disagrees is not None:  # a wrong kernel: its ops run through torch instead
+                wrong.add(g.id)
+                g.note = f"runs through torch: the generated kernel {job.disagrees}"
     clock.lap("matmul tuning")
     # 5. one step per group; generated kernels are compiled (cached by content hash) when used; a
     #    convolution runs in the layout chosen above
@@ -174,7 +178,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
                                               convert_back=not keep_cl[g.name],
                                               source=graph.constants.get(w)))
             continue
-        if g.kind.generated and executor == "triton":
+        if g.kind.generated and executor == "triton" and g.id not in wrong:
             kernel = _load(sources[g.id], config)
             step = make_kernel_step(g, sources[g.id], kernel, slot, device, rng)
             known.register(sources[g.id].fn_name, group_bytes(g), group_flops(g), step)

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.profile.timing import time_concurrent_us, time_graph_us
-from streamfuse.runtime.steps import ensure_allocator
+from streamfuse.runtime.steps import NodeStep, ensure_allocator
 from streamfuse.tune.ceilings import DeviceCeilings
 from streamfuse.tune.progress import progress_bar
 
@@ -107,6 +108,40 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list
         return math.inf
 
 
+# how far the heuristic tile's results may move from torch's on the same inputs, as a norm relative to
+# torch's: rounding (TF32 or the dtype's own products, another summation order) stays far below it; an
+# indexing bug does not (the split bias read at the tile's row, session 61: 2-60% on random operands)
+DISAGREE = {torch.float64: 1e-6, torch.float32: 1e-2, torch.float16: 2e-2, torch.bfloat16: 4e-2}
+
+
+def reference_disagreement(group: Group, source: KernelSource, args: list[Any],
+                           outputs: list[torch.Tensor]) -> str | None:
+    """How `outputs` (one launch of `source` on `args`) differ from the group's ops run through torch
+    on the same inputs, or None where they agree (or no reference can be computed: random numbers
+    drawn in the kernel, an op that cannot run alone)."""
+    if source.rng:
+        return None
+    inputs = [a for a in args if isinstance(a, torch.Tensor)][:len(source.inputs)]
+    slot = {n: i for i, n in enumerate([*source.inputs, *group.nodes])}
+    env: list[Any] = [*inputs, *([None] * len(group.nodes))]
+    try:
+        NodeStep(group, slot).run(env)
+        expected = [env[slot[n]] for n in source.outputs]
+    except Exception:  # noqa: BLE001 - no reference is not a disagreement
+        return None
+    for node, got, want in zip(source.outputs, outputs, expected, strict=True):
+        if not isinstance(want, torch.Tensor) or want.shape != got.shape:
+            return None
+        want64, got64 = want.double(), got.double()
+        if not bool(torch.isfinite(want64).all()):
+            continue
+        # relative to torch's norm, with a floor of 1e-3 RMS (an output all but zero in both)
+        err = float((got64 - want64).norm() / want64.norm().clamp_min(1e-3 * want64.numel() ** 0.5))
+        if not err <= DISAGREE.get(want.dtype, 1e-2):  # NaN included
+            return f"computes %{node.name} {err:.2g} away from torch (relative norm) on random inputs"
+    return None
+
+
 def _fresh_outputs(source: KernelSource, args: list[Any]) -> list[Any]:
     """`args` with new output tensors (the inputs shared)."""
     outs = {id(t) for t in _outputs(source, args)}
@@ -136,6 +171,10 @@ class TuneJob:
     kernel: Any
     concurrency: int = 1
     give_up_us: float = math.inf
+    disagrees: str | None = None
+    """Set by tuning where the heuristic tile's results differ from torch's on the same random inputs
+    (`reference_disagreement`): the kernel is wrong and must not run (the caller runs the group
+    through torch, or through cuBLAS where the choice is still open)."""
 
 
 @dataclass
@@ -186,6 +225,7 @@ def tune_matmuls(jobs: list[TuneJob], config: Config, device: torch.device,
             _tune(list(pending.values()), found, config, device, sm_count, progress)
     for i, key in same:
         found[i] = found[pending[key].index]
+        jobs[i].disagrees = pending[key].job.disagrees
     results = []
     for job, hit in zip(jobs, found, strict=True):
         assert hit is not None
@@ -209,11 +249,19 @@ def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], 
             # why a heuristic tile scored inf goes into the cache entry (run 99: one spilled registers)
             reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=t.reference_failures)
             if math.isfinite(reference_us):
+                t.expected = [x.clone() for x in _outputs(t.reference, t.args)]
+                wrong = reference_disagreement(t.job.group, t.reference, t.args, t.expected)
+                if wrong is not None:  # a code generation bug: no tile of this source may run (uncached)
+                    t.job.disagrees = wrong
+                    found[t.index] = heuristic_tile(t.job.group, config, sm_count), math.inf
+                    warnings.warn(f"streamfuse: the generated kernel of {t.job.group.name} {wrong}; it does "
+                                  "not run (please report this as a bug)", RuntimeWarning, stacklevel=2)
+                    step(f"{t.job.group.name}: disagrees with torch", len(t.tiles))
+                    continue
                 if reference_us > t.job.give_up_us:  # not worth tuning: the heuristic tile, uncached
                     found[t.index] = heuristic_tile(t.job.group, config, sm_count), reference_us
                     step(f"{t.job.group.name}: not tuned", len(t.tiles))
                     continue
-                t.expected = [x.clone() for x in _outputs(t.reference, t.args)]
             tuned.append(t)
         step(f"compiling {sum(len(t.tiles) for t in tuned)} candidate tiles", 0)
         _compile([(t.job.kernel, with_tile(t.job.source, t.job.group, tile), t.args)

@@ -1,0 +1,101 @@
+"""Tuning checks each matmul template against torch before it times a tile (tune/autotune's
+reference_disagreement): the heuristic tile's results on random inputs must be within rounding of
+the group's ops run through torch. A kernel that is not runs nowhere: its group goes to cuBLAS
+where the choice is still open, or runs through torch. Session 61's split bias, read at the tile's
+row, was caught only by the model suite's comparison with eager; this check would have refused it
+at compile time."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import compile_and_check, randn
+
+import streamfuse
+from streamfuse import Config
+from streamfuse.fusion.groups import GroupKind
+from streamfuse.runtime.steps import NodeStep
+from streamfuse.tune import autotune
+
+
+def _linear_gelu(device: torch.device) -> tuple[Any, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(40, 48).to(device)
+    return (lambda x, r: F.gelu(lin(x)) + r), [randn(37, 40, device=device), randn(37, 48, device=device, seed=1)]
+
+
+def _launch(compiled: streamfuse.CompiledGraph) -> tuple[Any, Any, list[Any]]:
+    """The template group, its source and the arguments of one launch on random inputs (run)."""
+    (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+    source = compiled.sources[group.id]
+    kernel = compiled.steps[compiled.plan.groups.index(group)].kernel
+    args = autotune.kernel_args(source, compiled.device)
+    kernel[source.grid](*args, *source.scratch_tensors(compiled.device), num_warps=source.num_warps,
+                        num_stages=source.num_stages, **source.constexprs)
+    return group, source, args
+
+
+def test_a_right_kernel_agrees_and_a_wrong_one_does_not(config: Config, device: torch.device) -> None:
+    """The template's own results agree with torch's; the same results with one column moved by the
+    size of a bias (the shape of session 61's bug) do not, and the reason names the output."""
+    fn, inputs = _linear_gelu(device)
+    compiled = compile_and_check(fn, inputs, config.replace(matmul_strategy="triton"))
+    group, source, args = _launch(compiled)
+    outputs = autotune._outputs(source, args)
+    assert autotune.reference_disagreement(group, source, args, outputs) is None
+    wrong = [t.clone() for t in outputs]
+    wrong[0][:, 3] += 1.0
+    reason = autotune.reference_disagreement(group, source, args, wrong)
+    assert reason is not None and f"%{source.outputs[0].name}" in reason and "away from torch" in reason
+    # NaN in the kernel's results where torch has none is a disagreement too
+    wrong[0].copy_(outputs[0])
+    wrong[0][0, 0] = float("nan")
+    assert autotune.reference_disagreement(group, source, args, wrong) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["triton", "auto"])
+def test_a_wrong_template_never_runs(config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     strategy: str) -> None:
+    """A template whose heuristic tile computes something else (simulated: its results moved after
+    each launch) is not tuned or cached; with the strategy forced to the template its group runs
+    through torch, under "auto" (the template checked against cuBLAS) through cuBLAS; a warning
+    says so, and the model's results match eager's."""
+    real = autotune.time_tile
+
+    def corrupting(kernel: Any, source: Any, args: list[Any], expected: Any, copies: int = 1,
+                   why: list[str] | None = None) -> float:
+        us = real(kernel, source, args, expected, copies, why)
+        if expected is None:  # the heuristic tile's launch, whose results tuning checks
+            autotune._outputs(source, args)[0].add_(1.0)
+        return us
+
+    monkeypatch.setattr(autotune, "time_tile", corrupting)
+    device = torch.device("cuda")
+    bf16 = torch.bfloat16
+    lin = torch.nn.Linear(512, 1024).to(device=device, dtype=bf16)
+    fn = lambda x: F.gelu(lin(x))
+    inputs = [randn(256, 512, dtype=bf16, device=device)]
+    tuned = config.replace(autotune=True, matmul_strategy=strategy, cache_dir=tmp_path)  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = compile_and_check(fn, inputs, tuned)
+    if strategy == "auto" and not any(c.measured for c in compiled.plan.matmul_choices.values()):
+        pytest.skip("the cost model gave the product to cuBLAS: no template was checked")
+    said = [str(w.message) for w in caught if "away from torch" in str(w.message)]
+    assert said, [str(w.message) for w in caught]
+    assert not [v for v in autotune.load_cache(tmp_path).values() if "tile" in v]
+    groups = [g for g in compiled.plan.groups if g.contraction is not None]
+    assert groups
+    if strategy == "triton":
+        (group,) = groups
+        step = compiled.steps[compiled.plan.groups.index(group)]
+        assert type(step) is NodeStep and "runs through torch" in group.note
+        assert "runs through torch" in compiled.explain(source=False)
+    else:
+        assert all(g.kind is not GroupKind.MATMUL for g in groups)
