@@ -9,6 +9,8 @@ and a 16-SM device keeps the splits few; on the GPU the default limit and rows p
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -197,17 +199,25 @@ def _ln_backward_sums(a: torch.Tensor, b: torch.Tensor, xhat: torch.Tensor) -> t
     return dx, h.sum((0, 1)), g.sum((0, 1))
 
 
-def test_sibling_reductions_of_one_producer_share_a_kernel(config: Config) -> None:
-    """Two reductions over one domain that read different results of one generated kernel (a layer
-    norm's weight and bias gradients) run as one kernel; with Config.sibling_reductions off, two.
-    Results match eager either way."""
-    a, b, xhat = (torch.randn(2, 24, 40) for _ in range(3))
+def _ln_backward_input_sum(g: torch.Tensor, xhat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The same with the gradient an input that the row kernel reads (GPT-2's first layer norm)."""
+    h = g * xhat
+    dx = h - h.mean(2, keepdim=True) - xhat * (h * xhat).mean(2, keepdim=True)
+    return dx, h.sum((0, 1)), g.sum((0, 1))
+
+
+@pytest.mark.parametrize("fn", [_ln_backward_sums, _ln_backward_input_sum], ids=["results", "result-and-input"])
+def test_sibling_reductions_beside_one_kernel_share_a_kernel(config: Config, fn: Any) -> None:
+    """Two reductions over one domain whose inputs are results (or inputs) of one generated kernel (a
+    layer norm's weight and bias gradients) run as one kernel; with Config.sibling_reductions off,
+    two. Results match eager either way."""
+    inputs = tuple(torch.randn(2, 24, 40) for _ in range(3 if fn is _ln_backward_sums else 2))
     counts = {}
     for sibling in (True, False):
-        compiled = streamfuse.compile(_ln_backward_sums, (a, b, xhat), config.replace(sibling_reductions=sibling))
+        compiled = streamfuse.compile(fn, inputs, config.replace(sibling_reductions=sibling))
         columns = [grp for grp in compiled.plan.groups
                    if grp.kind is GroupKind.REDUCTION and grp.domain is not None and grp.domain.dims == (0, 1)]
         counts[sibling] = len(columns)
-        for got, want in zip(compiled(a, b, xhat), _ln_backward_sums(a, b, xhat), strict=True):
+        for got, want in zip(compiled(*inputs), fn(*inputs), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert counts == {True: 1, False: 2}
