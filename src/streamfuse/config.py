@@ -155,9 +155,9 @@ class Config:
     input and depend on each other in neither direction merge into one kernel, which reads the
     input once (a batch norm's backward sums of the gradient and of the gradient times the centred
     input; fusion/planner._merge_sibling_reductions), and so do reductions over one domain whose
-    full-size inputs all come from one generated kernel (a layer norm's weight and bias gradients,
-    sums over the batch and sequence dims of two results of its row kernel). False: each keeps its
-    own kernel."""
+    full-size inputs are all results or inputs of one other kernel (a layer norm's weight and bias
+    gradients, sums over the batch and sequence dims of what its row kernel reads and writes; all are
+    in memory then, so no tensor lives longer). False: each keeps its own kernel."""
     long_row_reduction: bool = True
     """Rows longer than max_persistent_reduction (a training batch norm's sums over N, H and W in
     its backward: 100,352 elements per channel in resnet50's first stage at batch 32) run as a
