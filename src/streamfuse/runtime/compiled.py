@@ -431,7 +431,7 @@ class CompiledGraph(ModelState, BatchBuckets):
     @property
     def stats(self) -> dict[str, Any]:
         groups = self.base.plan.groups
-        generated = [g for g in groups if g.kind.generated]
+        generated = [g for g in groups if g.kind.generated and g.id not in self.base.through_torch]
         return {
             "source_ops": self.base.graph.source_ops,
             "kernels": self.base.launches,

@@ -207,6 +207,7 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
         rng.offset_tensor = torch.zeros(1, dtype=torch.int64, device=device)
     exe.sm_count = sm_count
     exe.precompile_failures = failures
+    exe.through_torch = wrong
     exe.compile_times = clock.laps
     return exe
 
@@ -332,6 +333,8 @@ class Executable:
         self.sm_count = DEFAULT_SM_COUNT
         self.precompile_failures: list[str] = []
         """Kernels that did not compile ahead of the first call (runtime/precompile.py)."""
+        self.through_torch: set[int] = set()
+        """Ids of generated groups whose kernel disagreed with torch at tuning: their ops run through torch."""
         self.compile_times: dict[str, float] = {}
         """Seconds each stage of build_executable took (stats, explain)."""
         self.rng: RngState | None = None
