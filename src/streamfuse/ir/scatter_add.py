@@ -139,4 +139,3 @@ def _dense(node: Node) -> bool:
     preserves the layout (index_put's copy of argument 0) keeps these strides."""
     return len(node.strides) == len(node.shape) and (
         is_contiguous_meta(node) or dense_order(node.shape, node.strides) is not None)
-

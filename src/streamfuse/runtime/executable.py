@@ -152,18 +152,11 @@ def build_executable(graph: Graph, config: Config, device: torch.device) -> Exec
     #    beside others timed beside copies of itself (Config.autotune_concurrency)
     schedule = schedule_steps(plan, config, measured)
     clock.lap("stream schedule")
-    wrong: set[int] = set()
+    wrong: set[int] = set()  # templates that disagreed with torch: their ops run through torch
     if on_gpu and config.autotune:
-        from streamfuse.tune.autotune import TuneJob, tune_matmuls
+        from streamfuse.tune.autotune import tune_plan
 
-        tuned = [(i, g) for i, g in enumerate(plan.groups) if g.kind is GroupKind.MATMUL]
-        jobs = [TuneJob(g, sources[g.id], _load(sources[g.id], config),
-                        schedule.concurrency.get(i, 1) if config.autotune_concurrency else 1) for i, g in tuned]
-        for (_, g), job, (source, _) in zip(tuned, jobs, tune_matmuls(jobs, config, device), strict=True):
-            sources[g.id] = source
-            if job.disagrees is not None:  # a wrong kernel: its ops run through torch instead
-                wrong.add(g.id)
-                g.note = f"runs through torch: the generated kernel {job.disagrees}"
+        wrong = tune_plan(plan, sources, schedule.concurrency, config, device, lambda src: _load(src, config))
     clock.lap("matmul tuning")
     # 5. one step per group; generated kernels are compiled (cached by content hash) when used; a
     #    convolution runs in the layout chosen above

@@ -29,7 +29,7 @@ from streamfuse.codegen.cache import compile_ahead
 from streamfuse.codegen.kernel import KernelSource, generate, use_pdl
 from streamfuse.codegen.matmul import MatmulTile, candidate_tiles, heuristic_tile, with_tile
 from streamfuse.config import Config
-from streamfuse.fusion.groups import Group, Plan
+from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.legality import matmul_dims
 from streamfuse.fusion.planner import plan_fusion
 from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
@@ -231,6 +231,24 @@ def tune_matmuls(jobs: list[TuneJob], config: Config, device: torch.device,
         assert hit is not None
         results.append((with_tile(job.source, job.group, hit[0]), hit[1]))
     return results
+
+
+def tune_plan(plan: Plan, sources: dict[int, KernelSource], concurrency: dict[int, int], config: Config,
+              device: torch.device, load: Callable[[KernelSource], Any]) -> set[int]:
+    """Every template kernel of `plan` tuned (tune_matmuls; a kernel the stream plan runs beside
+    others timed beside copies of itself, Config.autotune_concurrency), its tuned source put in
+    `sources`. Returns the ids of the groups whose kernel disagreed with torch (TuneJob.disagrees),
+    each with a note: those must run through torch."""
+    tuned = [(i, g) for i, g in enumerate(plan.groups) if g.kind is GroupKind.MATMUL]
+    jobs = [TuneJob(g, sources[g.id], load(sources[g.id]), concurrency.get(i, 1) if config.autotune_concurrency else 1)
+            for i, g in tuned]
+    wrong = set()
+    for (_, g), job, (source, _) in zip(tuned, jobs, tune_matmuls(jobs, config, device), strict=True):
+        sources[g.id] = source
+        if job.disagrees is not None:
+            wrong.add(g.id)
+            g.note = f"runs through torch: the generated kernel {job.disagrees}"
+    return wrong
 
 
 def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], config: Config,
