@@ -126,6 +126,10 @@ def test_batch_norm_backward_sums_loop_and_train_like_eager(config: Config, devi
 
     config, _, _ = _setup(config, device, monkeypatch)
     config = config.replace(max_persistent_reduction=256)
+    # float32 against eager at 1e-4: cuDNN's TF32 (on by default) rounds the convolutions' inputs to
+    # 10 bits, and the compiled step's convolutions may run another algorithm or layout than eager's
+    # (run 228: conv1's weight gradient 2.7e-4 apart with TF32, through both executors)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     torch.manual_seed(0)
     model = _ConvBn().to(device)
     gen = torch.Generator().manual_seed(5)

@@ -267,13 +267,8 @@ def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], 
             # why a heuristic tile scored inf goes into the cache entry (run 99: one spilled registers)
             reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=t.reference_failures)
             if math.isfinite(reference_us):
-                t.expected = [x.clone() for x in _outputs(t.reference, t.args)]
-                wrong = reference_disagreement(t.job.group, t.reference, t.args, t.expected)
-                if wrong is not None:  # a code generation bug: no tile of this source may run (uncached)
-                    t.job.disagrees = wrong
+                if not _checked(t, t.reference):  # a code generation bug: no tile of this source may run
                     found[t.index] = heuristic_tile(t.job.group, config, sm_count), math.inf
-                    warnings.warn(f"streamfuse: the generated kernel of {t.job.group.name} {wrong}; it does "
-                                  "not run (please report this as a bug)", RuntimeWarning, stacklevel=2)
                     step(f"{t.job.group.name}: disagrees with torch", len(t.tiles))
                     continue
                 if reference_us > t.job.give_up_us:  # not worth tuning: the heuristic tile, uncached
@@ -289,6 +284,20 @@ def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], 
             t.args, t.expected = [], None  # their memory back before the next kernel's timings
 
 
+def _checked(t: _Tuning, source: KernelSource) -> bool:
+    """The results of `source`'s last launch on `t.args` become the tiles' reference (`t.expected`),
+    once checked against torch (reference_disagreement); False, with a warning and the job marked
+    (TuneJob.disagrees), where they disagree: the template is wrong in every tile, nothing is cached."""
+    t.expected = [x.clone() for x in _outputs(source, t.args)]
+    wrong = reference_disagreement(t.job.group, source, t.args, t.expected)
+    if wrong is None:
+        return True
+    t.job.disagrees = wrong
+    warnings.warn(f"streamfuse: the generated kernel of {t.job.group.name} {wrong}; it does not run (please "
+                  "report this as a bug)", RuntimeWarning, stacklevel=3)
+    return False
+
+
 def _compile(kernels: list[tuple[Any, KernelSource, list[Any]]], device: torch.device, threads: int) -> None:
     """Each (kernel, source with a tile, arguments) compiled ahead in one pool."""
     compile_ahead([(kernel, args + source.scratch_tensors(device), source.grid,
@@ -302,12 +311,17 @@ def _time_tiles(t: _Tuning, config: Config, sm_count: int,
     job = t.job
     results: dict[MatmulTile, float] = {}
     start = time.perf_counter()
-    for tile in t.tiles:
+    for n, tile in enumerate(t.tiles):
         if time.perf_counter() - start > config.autotune_budget_s:
             break
         step(str(tile))
-        results[tile] = time_tile(job.kernel, with_tile(job.source, job.group, tile), t.args, t.expected,
-                                  job.concurrency)
+        source = with_tile(job.source, job.group, tile)
+        results[tile] = time_tile(job.kernel, source, t.args, t.expected, job.concurrency)
+        # the heuristic tile failed (spilled, say: run 231's bf16 256x512x1024): the first tile that
+        # runs is checked against torch and becomes the reference of the others
+        if t.expected is None and math.isfinite(results[tile]) and not _checked(t, source):
+            step(f"{job.group.name}: disagrees with torch", len(t.tiles) - n - 1)
+            return heuristic_tile(job.group, config, sm_count), math.inf
     best = min(results, key=results.__getitem__)
     if math.isinf(results[best]):
         # nothing compiled: keep the heuristic tile, whose launch will raise the real error
