@@ -267,3 +267,32 @@ def test_summary_text_merges_streams_and_gives_per_call_figures() -> None:
     assert first.startswith("two tokens: 2 kernels per token, GPU busy 40 µs of a 70 µs span per token")
     assert "40.0 µs/token" in gemm and "1.5x" in gemm and gemm.endswith("gemm")  # 80 µs of gemm over 2 tokens
     assert "10.0 µs/token" in rest and "1 other kernels" in rest
+
+
+def test_a_kernel_launched_early_is_charged_its_own_time() -> None:
+    """Programmatic dependent launch: a kernel starts while the one before it on its stream runs and
+    waits (gdc_wait), so its traced interval covers most of its predecessor (BERT-base's layer-norm
+    column sums at 11.3 µs behind their row kernel, run 228). The report charges each kernel from the
+    end of the one before it on its stream; the wait is reported once, and overlap across streams is
+    not a wait."""
+    from streamfuse.profile.outputs import summary_text
+    from streamfuse.profile.report import own_durations
+
+    ivs = []
+    for call in range(2):
+        t = 100.0 * call
+        ivs += [Interval("row", 0, t, t + 7.0), Interval("column", 0, t + 1.0, t + 11.0),  # waits 6 µs
+                Interval("gemm", 1, t + 2.0, t + 9.0)]  # another stream: runs beside, no wait
+    assert own_durations(ivs) == [7.0, 4.0, 7.0] * 2
+    report = build_report("pdl", "NVIDIA H200", ivs, predicted=False, calls=2,
+                          info={"column": KernelInfo(bytes=4e6)})
+    column = next(k for k in report.kernels if k.name == "column")
+    assert column.total_us == 8.0 and column.mean_us == 4.0 and column.achieved_gbps == 1000.0
+    assert report.totals["waiting_us"] == 12.0 and report.totals["busy_us"] == 22.0
+    text = summary_text(report)
+    assert "6 µs/call of their traced durations was spent launched early" in text
+    assert "4.0 µs/call" in next(line for line in text.splitlines() if line.endswith("column"))
+    # without overlap on a stream nothing changes: every interval's own time is its duration
+    plain = [Interval("a", 0, 0.0, 5.0), Interval("b", 0, 5.0, 9.0), Interval("c", 1, 1.0, 3.0)]
+    assert own_durations(plain) == [5.0, 4.0, 2.0]
+    assert "launched early" not in summary_text(build_report("plain", "cpu", plain, predicted=False))

@@ -328,6 +328,9 @@ def summary_text(report: ProfileReport, top: int = 12, per: str = "call") -> str
     calls = max(t["calls"], 1.0)
     lines = [f"{report.label}: {t['kernel_count'] / calls:.0f} kernels per {per}, GPU busy {t['busy_us'] / calls:.0f} µs "
              f"of a {t['span_us'] / calls:.0f} µs span per {per} (idle {100 * t['gap_ratio']:.0f}% of the busy time)"]
+    if t.get("waiting_us", 0.0) >= 0.5 * calls:  # programmatic dependent launch (report.own_durations)
+        lines.append(f"  kernels below are charged their own time: {t['waiting_us'] / calls:.0f} µs/{per} of their traced "
+                     "durations was spent launched early, waiting for the kernel before them on their stream")
     merged: dict[str, list[float]] = {}
     for k in report.kernels:
         entry = merged.setdefault(k.name, [0.0, 0.0])
