@@ -153,6 +153,8 @@ def workloads(names: list[str], tiny: bool) -> list[Workload]:
 
 
 SETTINGS: list[str] = []
+COMPILE_OPTIMIZER: list[bool] = [False]
+"""--compile-optimizer: the compiled modes compile the optimizer step too, each with its own compiler."""
 """Config fields (NAME=VALUE, --set) for the streamfuse modes."""
 
 
@@ -168,6 +170,20 @@ def wrap(mode: str, model: nn.Module) -> Callable[..., Any]:
         config = streamfuse.Config(backend_cuda_graphs=False).with_settings(SETTINGS)
         return torch.compile(model, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
     return model
+
+
+def optimizer_step(mode: str, opt: torch.optim.Optimizer) -> Callable[[], Any]:
+    """The optimizer's step as `mode` runs it: eager's (foreach) unless --compile-optimizer, where the
+    compiled modes compile it with their own compiler (README: `torch.compile(optimizer.step,
+    backend="streamfuse")`; the `_foreach_*` updates then run as a few fused kernels)."""
+    import streamfuse
+
+    if not COMPILE_OPTIMIZER[0] or mode == "eager":
+        return opt.step
+    if mode == "compile":
+        return torch.compile(opt.step)  # type: ignore[return-value]
+    config = streamfuse.Config(backend_cuda_graphs=mode != "sf-nograph").with_settings(SETTINGS)
+    return torch.compile(opt.step, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
 
 
 def seeded(w: Workload, device: torch.device) -> nn.Module:
@@ -248,12 +264,13 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
         model = seeded(w, device)
         fn = wrap(mode, model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+        update = optimizer_step(mode, opt)
         batch = w.batch(device, 2)
 
         def step() -> None:
             opt.zero_grad(set_to_none=True)
             w.loss(fn, batch).backward()  # type: ignore[arg-type]
-            opt.step()
+            update()
 
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -314,7 +331,7 @@ def run_mode(w: Workload, mode: str, device: torch.device, steps: int, reference
                         step()
                     assert prof.report is not None
                     result["gpu_profile"] = summary_text(prof.report, top=15, per="step")
-                result["memory_phases"] = memory_phases(lambda: w.loss(fn, batch), opt, device)
+                result["memory_phases"] = memory_phases(lambda: w.loss(fn, batch), opt, device, update)
                 if mode == "streamfuse":
                     result["graph_memory"] = graph_memory()
                     result["graph_history"] = graph_history()
@@ -346,8 +363,8 @@ def graph_memory() -> list[dict[str, Any]]:
     return rows
 
 
-def memory_phases(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, device: torch.device
-                  ) -> dict[str, float]:
+def memory_phases(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, device: torch.device,
+                  update: Callable[[], Any]) -> dict[str, float]:
     """MiB allocated after each phase of one more step (where a mode's peak above eager's comes from)."""
     def mib() -> float:
         torch.cuda.synchronize(device)
@@ -364,7 +381,7 @@ def memory_phases(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer, 
     del value
     phases["after backward"] = mib()
     phases["backward peak"] = torch.cuda.max_memory_allocated(device) / 2**20
-    opt.step()
+    update()  # the mode's optimizer step (optimizer_step)
     phases["after step"] = mib()
     opt.zero_grad(set_to_none=True)
     phases["after zero_grad"] = mib()
@@ -391,19 +408,22 @@ def main() -> int:
     ap.add_argument("--history", action="store_true", help="print each backend training graph's replay history and each mode's memory by phase")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a Config field for the streamfuse modes (e.g. training_shared_pool=false)")
+    ap.add_argument("--compile-optimizer", action="store_true",
+                    help="the compiled modes compile the SGD step too (each with its own compiler; eager keeps foreach SGD)")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the gradient checks (nothing allocated before the timed model: with one mode per "
                          "process, its 'step reserved' line is the step's whole reservation, the allocator's free blocks included)")
     args = ap.parse_args()
     SETTINGS[:] = args.set
+    COMPILE_OPTIMIZER[0] = args.compile_optimizer
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         raise SystemExit(f"error: --modes takes {', '.join(MODES)}; got {args.modes!r}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     rows = []
-    print(f"training step (forward + backward + SGD) on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}"
-          f", torch {torch.__version__}")
+    print(f"training step (forward + backward + SGD{', the SGD step compiled in the compiled modes' if args.compile_optimizer else ''})"
+          f" on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU'}, torch {torch.__version__}")
     print(f"{'workload':<24} {'mode':<11} {'ms/step':>9} {'vs eager':>9} {'vs compile':>11} {'peak MiB':>9} {'step MiB':>9} "
           f"{'rsrvd MiB':>9} {'step+pools':>10} "
           f"{'grad err':>9} {'vs fp64':>9} {'1st step s':>10}")
