@@ -58,45 +58,64 @@ def test_a_right_kernel_agrees_and_a_wrong_one_does_not(config: Config, device: 
     assert autotune.reference_disagreement(group, source, args, wrong) is not None
 
 
+@pytest.mark.parametrize("heuristic", ["spilled", "failed"])
 @pytest.mark.parametrize("wrong", [False, True])
-def test_the_first_tile_that_runs_is_checked_when_the_heuristic_one_fails(
-        config: Config, device: torch.device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: bool) -> None:
-    """Where the heuristic tile scores inf (run 231: it spilled 8 registers in bfloat16, so nothing was
-    checked and the candidate tiles were compared with nothing), the first candidate tile that runs is
-    checked against torch and becomes the others' reference: a wrong template is refused (a warning,
-    the job marked, nothing cached), a right one tuned and cached."""
+def test_a_template_is_checked_when_its_heuristic_tile_does_not_score(
+        config: Config, device: torch.device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrong: bool,
+        heuristic: str) -> None:
+    """Run 231: the heuristic tile spilled 8 registers (bfloat16), scored inf, and the check against
+    torch ran only on a heuristic tile that scored, so the template was tuned unchecked and its
+    candidate tiles compared with nothing. Now a heuristic tile that ran (spilled) is checked all the
+    same and is the candidates' reference; one that did not run (failed to compile) hands the check
+    to the first candidate tile that runs. A wrong template is refused (a warning, the job marked,
+    nothing cached, no tile timed after), a right one tuned and cached."""
     fn, inputs = _linear_gelu(device)
     compiled = compile_and_check(fn, inputs, config.replace(matmul_strategy="triton"))
-    group, source, args = _launch(compiled)
+    group, source, _ = _launch(compiled)
     kernel = compiled.steps[compiled.plan.groups.index(group)].kernel
     tiles = autotune.candidate_tiles(group, config, 132)[:3]
-    timed: list[bool] = []
+    timed: list[bool] = []  # per time_tile call: was there a reference to compare with
 
     def fake_time(kernel: Any, src: Any, args: list[Any], expected: Any, copies: int = 1,
                   why: list[str] | None = None) -> float:
+        first = not timed
+        timed.append(expected is not None)
+        if first and heuristic == "failed":
+            assert why is not None
+            why.append("CompilationError: out of resources")
+            return float("inf")
         kernel[src.grid](*args, *src.scratch_tensors(device), num_warps=src.num_warps,
                          num_stages=src.num_stages, **src.constexprs)
         if wrong:
             autotune._outputs(src, args)[0][:, 3] += 1.0  # one column moved, as session 61's bias
-        timed.append(expected is not None)
+        if first:  # spilled: it ran, and scores inf
+            assert why is not None
+            why.append(f"8 {autotune.SPILLED}")
+            return float("inf")
         return 5.0 + len(timed)
 
     monkeypatch.setattr(autotune, "time_tile", fake_time)
+    monkeypatch.setattr(autotune, "_compile", lambda *a: None)  # the launches compile in the interpreter
     job = autotune.TuneJob(group, source, kernel)
-    tuning = autotune._Tuning(0, job, tiles, "key", args=args)
+    found: list[Any] = [None]
     tuned = config.replace(cache_dir=tmp_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tile, us = autotune._time_tiles(tuning, tuned, 132, lambda *a: None)
+        autotune._tune([autotune._Tuning(0, job, tiles, "key")], found, tuned, device, 132, False)
     said = [str(w.message) for w in caught if "away from torch" in str(w.message)]
+    (tile, us), = found
+    cached = autotune.load_cache(tmp_path)
     if wrong:
-        assert said and job.disagrees is not None and us == float("inf")
-        assert timed == [False]  # no tile timed after the refusal
-        assert autotune.load_cache(tmp_path) == {}
+        assert said and job.disagrees is not None and us == float("inf") and "key" not in cached
+        # nothing timed after the refusal: the spilled heuristic tile was checked itself, or the
+        # first candidate was
+        assert timed == ([False] if heuristic == "spilled" else [False, False])
     else:
-        assert not said and job.disagrees is None and us == 6.0 and tile == tiles[0]
-        assert timed == [False, True, True]  # the later tiles compared with the first one's results
-        assert "tile" in autotune.load_cache(tmp_path)["key"]
+        assert not said and job.disagrees is None and "tile" in cached["key"]
+        # every candidate compared with the reference: the spilled heuristic tile's results, or the
+        # first candidate's
+        assert timed == ([False, True, True, True] if heuristic == "spilled" else [False, False, True, True])
+        assert tile == tiles[0] and us == 7.0
 
 
 @pytest.mark.gpu

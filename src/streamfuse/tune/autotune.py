@@ -72,6 +72,10 @@ def kernel_args(source: KernelSource, device: torch.device) -> list[Any]:
 AGREE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
+SPILLED = "registers spilled"
+"""time_tile's note for a tile that ran but spilled (scored inf; its results are there to check)."""
+
+
 def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list[torch.Tensor] | None,
               copies: int = 1, why: list[str] | None = None) -> float:
     """Median µs of one launch with `source`'s tile, replayed from a CUDA graph (GPU time without the
@@ -95,7 +99,7 @@ def time_tile(kernel: Any, source: KernelSource, args: list[Any], expected: list
     try:
         compiled = launch()
         if getattr(compiled, "n_spills", 0):
-            note(f"{compiled.n_spills} registers spilled")
+            note(f"{compiled.n_spills} {SPILLED}")
             return math.inf
         if expected is not None and not _agrees(_outputs(source, args), expected):
             note("results differ from the heuristic tile's")
@@ -266,15 +270,18 @@ def _tune(pending: list[_Tuning], found: list[tuple[MatmulTile, float] | None], 
             assert t.reference is not None
             # why a heuristic tile scored inf goes into the cache entry (run 99: one spilled registers)
             reference_us = time_tile(t.job.kernel, t.reference, t.args, None, why=t.reference_failures)
-            if math.isfinite(reference_us):
-                if not _checked(t, t.reference):  # a code generation bug: no tile of this source may run
-                    found[t.index] = heuristic_tile(t.job.group, config, sm_count), math.inf
-                    step(f"{t.job.group.name}: disagrees with torch", len(t.tiles))
-                    continue
-                if reference_us > t.job.give_up_us:  # not worth tuning: the heuristic tile, uncached
-                    found[t.index] = heuristic_tile(t.job.group, config, sm_count), reference_us
-                    step(f"{t.job.group.name}: not tuned", len(t.tiles))
-                    continue
+            # checked against torch wherever it ran, spilled too (run 231: a spilled heuristic tile left
+            # the template unchecked; were every tile to spill, the heuristic one would run)
+            ran = math.isfinite(reference_us) or any(SPILLED in why for why in t.reference_failures)
+            if ran and not _checked(t, t.reference):  # a code generation bug: no tile of this source may run
+                found[t.index] = heuristic_tile(t.job.group, config, sm_count), math.inf
+                step(f"{t.job.group.name}: disagrees with torch", len(t.tiles))
+                continue
+            if math.isfinite(reference_us) and reference_us > t.job.give_up_us:
+                # not worth tuning: the heuristic tile, uncached
+                found[t.index] = heuristic_tile(t.job.group, config, sm_count), reference_us
+                step(f"{t.job.group.name}: not tuned", len(t.tiles))
+                continue
             tuned.append(t)
         step(f"compiling {sum(len(t.tiles) for t in tuned)} candidate tiles", 0)
         _compile([(t.job.kernel, with_tile(t.job.source, t.job.group, tile), t.args)
@@ -317,8 +324,8 @@ def _time_tiles(t: _Tuning, config: Config, sm_count: int,
         step(str(tile))
         source = with_tile(job.source, job.group, tile)
         results[tile] = time_tile(job.kernel, source, t.args, t.expected, job.concurrency)
-        # the heuristic tile failed (spilled, say: run 231's bf16 256x512x1024): the first tile that
-        # runs is checked against torch and becomes the reference of the others
+        # the heuristic tile did not run (it failed to compile or launch): the first tile that runs is
+        # checked against torch and becomes the reference of the others
         if t.expected is None and math.isfinite(results[tile]) and not _checked(t, source):
             step(f"{job.group.name}: disagrees with torch", len(t.tiles) - n - 1)
             return heuristic_tile(job.group, config, sm_count), math.inf
