@@ -153,9 +153,9 @@ def workloads(names: list[str], tiny: bool) -> list[Workload]:
 
 
 SETTINGS: list[str] = []
+"""Config fields (NAME=VALUE, --set) for the streamfuse modes."""
 COMPILE_OPTIMIZER: list[bool] = [False]
 """--compile-optimizer: the compiled modes compile the optimizer step too, each with its own compiler."""
-"""Config fields (NAME=VALUE, --set) for the streamfuse modes."""
 
 
 def wrap(mode: str, model: nn.Module) -> Callable[..., Any]:
@@ -163,13 +163,17 @@ def wrap(mode: str, model: nn.Module) -> Callable[..., Any]:
 
     if mode == "compile":
         return torch.compile(model)  # type: ignore[return-value]
-    if mode == "streamfuse":
-        config = streamfuse.Config().with_settings(SETTINGS)
-        return torch.compile(model, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
-    if mode == "sf-nograph":  # the backend without CUDA graphs (before/after for runtime/replay.py)
-        config = streamfuse.Config(backend_cuda_graphs=False).with_settings(SETTINGS)
-        return torch.compile(model, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
+    if mode in ("streamfuse", "sf-nograph"):
+        return torch.compile(model, backend=streamfuse.make_backend(mode_config(mode)))  # type: ignore[return-value]
     return model
+
+
+def mode_config(mode: str) -> Any:
+    """The streamfuse.Config of a backend mode: --set's settings; sf-nograph without CUDA graphs
+    (before/after for runtime/replay.py)."""
+    import streamfuse
+
+    return streamfuse.Config(backend_cuda_graphs=mode != "sf-nograph").with_settings(SETTINGS)
 
 
 def optimizer_step(mode: str, opt: torch.optim.Optimizer) -> Callable[[], Any]:
@@ -182,8 +186,7 @@ def optimizer_step(mode: str, opt: torch.optim.Optimizer) -> Callable[[], Any]:
         return opt.step
     if mode == "compile":
         return torch.compile(opt.step)  # type: ignore[return-value]
-    config = streamfuse.Config(backend_cuda_graphs=mode != "sf-nograph").with_settings(SETTINGS)
-    return torch.compile(opt.step, backend=streamfuse.make_backend(config))  # type: ignore[return-value]
+    return torch.compile(opt.step, backend=streamfuse.make_backend(mode_config(mode)))  # type: ignore[return-value]
 
 
 def seeded(w: Workload, device: torch.device) -> nn.Module:

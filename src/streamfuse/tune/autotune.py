@@ -176,7 +176,8 @@ class TuneJob:
     concurrency: int = 1
     give_up_us: float = math.inf
     disagrees: str | None = None
-    """Set by tuning where the heuristic tile's results differ from torch's on the same random inputs
+    """Set by tuning where the checked tile's results (the heuristic tile's wherever it ran, else the
+    first candidate's that ran: `_checked`) differ from torch's on the same random inputs
     (`reference_disagreement`): the kernel is wrong and must not run (the caller runs the group
     through torch, or through cuBLAS where the choice is still open)."""
 
