@@ -145,6 +145,9 @@ def workloads(names: list[str], tiny: bool) -> list[Workload]:
         "googlenet": lambda: _vision("googlenet", 32, 224),
         "bert-base": lambda: _text("bert-base", tiny),
         "gpt2": lambda: _text("gpt2 prefill", tiny),
+        "roberta-base": lambda: _text("roberta-base", tiny),
+        "distilbert": lambda: _text("distilbert", tiny),
+        "t5": lambda: _text("t5-small encoder", tiny),
     }
     unknown = [n for n in names if n not in table]
     if unknown:

@@ -148,3 +148,36 @@ def test_a_replayed_cuda_graph_draws_a_fresh_mask_every_call(config, device) -> 
     assert all(not torch.equal(a, b) for a, b in zip(masks, masks[1:], strict=False)), "a replay repeated its mask"
     for m in masks:
         assert 0.55 < m.float().mean().item() < 0.85
+
+
+def test_stochastic_depth_through_the_backend_draws_fresh_per_sample_masks(config, device) -> None:  # type: ignore[no-untyped-def]
+    """timm's drop_path (`x.new_empty((B, 1, ...)).bernoulli_(keep).div_(keep)`, then `x * mask`) in a
+    training step through torch.compile: each call (on CUDA, graph replays after the first) draws a new
+    per-sample mask at the rate `keep`, and the backward uses the forward's mask (x.grad is exactly the
+    mask, so out == x * x.grad)."""
+    keep = 0.6
+
+    def drop_path(t: torch.Tensor) -> torch.Tensor:
+        mask = t.new_empty((t.shape[0],) + (1,) * (t.ndim - 1)).bernoulli_(keep).div_(keep)
+        return t * mask
+
+    torch._dynamo.reset()
+    fn = torch.compile(drop_path, backend=streamfuse.make_backend(config))
+    x = randn(256, 8, 16, device=device)
+    rows = []
+    for _ in range(5):
+        xi = x.detach().clone().requires_grad_(True)
+        out = fn(xi)
+        out.sum().backward()
+        grad = xi.grad
+        assert grad is not None
+        # per sample: all of a row dropped (0) or all kept (1 / keep)
+        first = grad[:, :1, :1]
+        assert torch.equal(grad, first.expand_as(grad))
+        assert bool(((first == 0) | (first == 1 / keep)).all())
+        torch.testing.assert_close(out.detach(), x * grad, rtol=0, atol=0)
+        rows.append(first.flatten() != 0)
+    assert all(not torch.equal(a, b) for i, a in enumerate(rows) for b in rows[:i]), "a call repeated its mask"
+    for r in rows:
+        assert 0.45 < r.float().mean().item() < 0.75
+    torch._dynamo.reset()

@@ -442,7 +442,9 @@ def test_training_graphs_plan_training_max_streams(streams: int) -> None:
 
     torch.manual_seed(0)
     model = Branches()
-    config = streamfuse.Config(executor="reference", max_streams=4, training_max_streams=streams)
+    # three sibling Linears: kept apart (merge_sibling_linears would make them one), so the branches are real
+    config = streamfuse.Config(executor="reference", max_streams=4, training_max_streams=streams,
+                               merge_sibling_linears=False)
     before = len(compiled_graphs)
     compiled = torch.compile(model, backend=make_backend(config))
     compiled(torch.randn(8, 16)).sum().backward()

@@ -327,6 +327,12 @@ class Config:
     lowest priority, so this takes a stream besides it, and one more fork and join wait per call: a
     fork/join of k branches then needs 2k waits instead of 2(k-1). Off by default: runs 27-29
     (docs/PERF.md) found no consistent effect of priorities on the four-stream times."""
+    merge_sibling_linears: bool = False
+    """A graph that trains through torch.compile(backend="streamfuse") runs Linears that read one input
+    with weights of one shape class (attention's query, key and value) as one Linear over their
+    concatenated weights, whose column slices are their results (capture/sibling_linear.py): three
+    GEMMs forward, three input-gradient and three weight-gradient GEMMs become one each, for a copy of
+    the weights per step. Off until measured on the GPU."""
     train_channels_last: bool = True
     """A graph that trains through torch.compile(backend="streamfuse") and has 2-D convolutions runs
     them channels_last: each reads its input and weight converted so, and AOTAutograd traces the

@@ -30,6 +30,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from streamfuse.capture.decomp import decomposition_table
+from streamfuse.capture.sibling_linear import merge_sibling_linears
 from streamfuse.capture.symbolic import EagerGraph, SymbolicGraph, eager_runner, is_symbolic
 from streamfuse.capture.train_layout import channels_last_training
 from streamfuse.config import Config
@@ -423,6 +424,8 @@ def make_backend(config: Config | None = None) -> Any:
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
         if config.train_channels_last:
             channels_last_training(gm, example_inputs)  # capture/train_layout.py
+        if config.merge_sibling_linears:
+            merge_sibling_linears(gm, example_inputs)  # capture/sibling_linear.py
         return aot(gm, example_inputs, **kwargs)
 
     return backend
