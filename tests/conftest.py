@@ -31,6 +31,15 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Config:
     return Config(cache_dir=tmp_path_factory.mktemp("streamfuse-cache"), autotune=False)
 
 
+@pytest.fixture(params=["reference", pytest.param("triton", marks=pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="these models are on the CPU: generated kernels run there only in Triton's interpreter"))])
+def train_config(request: pytest.FixtureRequest, config: Config) -> Config:
+    """Both executors for the CPU training tests: the generated kernels (Triton's interpreter) and
+    torch per group."""
+    return config.replace(executor=request.param)
+
+
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

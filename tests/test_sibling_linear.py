@@ -7,7 +7,6 @@ every parameter after SGD steps with eager, through both executors.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -17,8 +16,6 @@ from torch import nn
 
 import streamfuse
 from streamfuse.capture.sibling_linear import merge_sibling_linears
-
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class Attention(nn.Module):
@@ -124,20 +121,14 @@ def test_linears_of_other_inputs_or_widths_do_not_merge() -> None:
     assert merge_sibling_linears(gm, inputs) == 0
 
 
-@pytest.fixture(params=["reference", pytest.param("triton", marks=pytest.mark.skipif(
-    not _INTERPRETED, reason="the generated kernels run on the CPU only in Triton's interpreter"))])
-def merge_config(request: pytest.FixtureRequest, config: streamfuse.Config) -> streamfuse.Config:
-    return config.replace(executor=request.param, merge_sibling_linears=True)
-
-
 @pytest.mark.parametrize("kv_dim", [None, 16])
-def test_training_with_merged_projections_matches_eager(kv_dim: int | None, merge_config: streamfuse.Config) -> None:
+def test_training_with_merged_projections_matches_eager(kv_dim: int | None, train_config: streamfuse.Config) -> None:
     """Three SGD steps: loss, every gradient (each weight's rows of the merged weight gradient) and
     every parameter after each update against eager."""
     torch.manual_seed(1)
     model = nn.Sequential(Attention(kv_dim=kv_dim), Attention(kv_dim=kv_dim))
     batches = [(torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(i)),) for i in range(3)]
-    train_and_compare(model, batches, lambda m, x: m(x).pow(2).mean(), merge_config)
+    train_and_compare(model, batches, lambda m, x: m(x).pow(2).mean(), train_config.replace(merge_sibling_linears=True))
 
 
 def test_a_text_model_trains_like_eager_with_merged_projections(config: streamfuse.Config,

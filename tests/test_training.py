@@ -15,7 +15,6 @@ capture/decomp.py keeps SDPA whole.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -78,16 +77,6 @@ def _gen(seed: int) -> torch.Generator:
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=_gen(seed))
-
-
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@pytest.fixture(params=["reference", pytest.param("triton", marks=pytest.mark.skipif(
-    not _INTERPRETED, reason="these models are on the CPU: generated kernels run there only in Triton's interpreter"))])
-def train_config(request: pytest.FixtureRequest, config: streamfuse.Config) -> streamfuse.Config:
-    """Both executors: the generated kernels (Triton's interpreter on CPU) and torch per group."""
-    return config.replace(executor=request.param)
 
 
 # ---------------------------------------------------------------------------- the decomposition table

@@ -36,19 +36,16 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
-from streamfuse.capture.train_layout import trains
+from streamfuse.capture.train_layout import example_value, trains
 
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
-_VIEWS = ("view",)
-
-
-def _value(node: Any) -> Any:
-    return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+_Parts = tuple[torch.fx.Node, torch.fx.Node, torch.fx.Node | None]
+"""A Linear's input, weight and bias nodes."""
 
 
 def _weight_key(w: Any, b: Any) -> tuple[Any, ...] | None:
     """What a Linear's weight (and bias) must share with a sibling's; None: not mergeable."""
-    wv, bv = _value(w), _value(b) if b is not None else None
+    wv, bv = example_value(w), example_value(b)
     if not isinstance(wv, torch.Tensor) or w.op != "placeholder" or wv.dim() != 2:
         return None
     if b is not None and (not isinstance(bv, torch.Tensor) or b.op != "placeholder" or bv.dim() != 1
@@ -59,7 +56,7 @@ def _weight_key(w: Any, b: Any) -> tuple[Any, ...] | None:
     return (wv.dtype, wv.device, wv.shape[1], wv.requires_grad, b is None)
 
 
-def _linear_parts(n: torch.fx.Node) -> tuple[Any, Any, Any] | None:
+def _linear_parts(n: torch.fx.Node) -> _Parts | None:
     if n.op != "call_function" or n.target not in _LINEARS:
         return None
     names = ("input", "weight", "bias")
@@ -77,7 +74,7 @@ def _linear_parts(n: torch.fx.Node) -> tuple[Any, Any, Any] | None:
 def _slice_ok(n: torch.fx.Node, start: int, total: int) -> bool:
     """The Linear's result, as columns [start, start + N) of a dense result with `total` columns,
     serves every reader: none is the graph output, and each `view` of it is valid on the slice."""
-    value = _value(n)
+    value = example_value(n)
     if not isinstance(value, torch.Tensor) or value.dim() < 1 or not all(isinstance(s, int) for s in value.shape):
         return False
     shape = list(value.shape)
@@ -86,7 +83,7 @@ def _slice_ok(n: torch.fx.Node, start: int, total: int) -> bool:
     for user in n.users:
         if user.op == "output":
             return False
-        is_view = (user.op == "call_method" and user.target in _VIEWS) or user.target is torch.Tensor.view
+        is_view = (user.op == "call_method" and user.target == "view") or user.target is torch.Tensor.view
         if not is_view:
             continue
         if user.kwargs or user.args[0] is not n:
@@ -107,20 +104,19 @@ def merge_sibling_linears(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     """Rewrite `gm` in place as the module doc says; returns the Linears merged away (0: untouched)."""
     if not trains(example_inputs):
         return 0
-    groups: dict[tuple[Any, ...], list[torch.fx.Node]] = {}
+    groups: dict[tuple[Any, ...], dict[torch.fx.Node, _Parts]] = {}
     for n in gm.graph.nodes:
         parts = _linear_parts(n)
         if parts is None:
             continue
-        x, w, b = parts
-        key = _weight_key(w, b)
+        key = _weight_key(parts[1], parts[2])
         if key is not None:
-            groups.setdefault((x, *key), []).append(n)
+            groups.setdefault((parts[0], *key), {})[n] = parts
     removed = 0
-    for linears in groups.values():
-        linears = _usable(linears)
+    for group in groups.values():
+        linears = _usable(list(group))
         if len(linears) > 1:
-            _merge(gm.graph, linears)
+            _merge(gm.graph, {n: group[n] for n in linears})
             removed += len(linears) - 1
     if removed:
         gm.graph.lint()
@@ -132,7 +128,7 @@ def _usable(linears: list[torch.fx.Node]) -> list[torch.fx.Node]:
     """The siblings whose results may become slices (all of them or none: a partial merge would
     change which columns each lands in, so the check is repeated on what is left)."""
     while len(linears) > 1:
-        widths = [_value(n).shape[-1] for n in linears]
+        widths = [example_value(n).shape[-1] for n in linears]
         total, start, keep = sum(widths), 0, []
         for n, width in zip(linears, widths, strict=True):
             if _slice_ok(n, start, total):
@@ -144,16 +140,16 @@ def _usable(linears: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return linears
 
 
-def _merge(graph: torch.fx.Graph, linears: list[torch.fx.Node]) -> None:
+def _merge(graph: torch.fx.Graph, linears: dict[torch.fx.Node, _Parts]) -> None:
     """One Linear over the concatenated weights where the first sibling stood; each sibling's readers
     read its columns of the result."""
-    first = linears[0]
-    parts = [_linear_parts(n) for n in linears]
-    x = parts[0][0]  # type: ignore[index]
-    widths = [_value(n).shape[-1] for n in linears]
+    first = next(iter(linears))
+    parts = list(linears.values())
+    x = parts[0][0]
+    widths = [example_value(n).shape[-1] for n in linears]
     with graph.inserting_before(first):
-        weight = graph.call_function(torch.cat, ([p[1] for p in parts], 0))  # type: ignore[index]
-        bias = None if parts[0][2] is None else graph.call_function(torch.cat, ([p[2] for p in parts], 0))  # type: ignore[index]
+        weight = graph.call_function(torch.cat, ([p[1] for p in parts], 0))
+        bias = None if parts[0][2] is None else graph.call_function(torch.cat, ([p[2] for p in parts], 0))
         for cat in (weight, bias):
             if cat is not None:  # the backward concatenates again rather than keep a copy of the weights
                 cat.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE

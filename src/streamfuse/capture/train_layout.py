@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 
-def _value(node: Any) -> Any:
+def example_value(node: Any) -> Any:
+    """The value Dynamo recorded for an FX node (a fake tensor, an int, ...), None for a non-node."""
     return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
 
 
@@ -44,7 +45,7 @@ def _convolutions(gm: torch.fx.GraphModule) -> list[torch.fx.Node] | None:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is not torch.conv2d or len(n.args) < 2:
             continue
-        x, w = _value(n.args[0]), _value(n.args[1])
+        x, w = example_value(n.args[0]), example_value(n.args[1])
         if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 4 or w.dim() != 4:
             continue
         if not x.dtype.is_floating_point:
@@ -90,7 +91,7 @@ def channels_last_training(gm: torch.fx.GraphModule, example_inputs: Sequence[An
 def _eager_layout(graph: torch.fx.Graph) -> Any:
     """A graph output contiguous in Dynamo's trace, 4-D and floating, made contiguous again."""
     def restore(node: torch.fx.Node) -> torch.fx.Node:
-        value = _value(node)
+        value = example_value(node)
         if (isinstance(value, torch.Tensor) and value.dim() == 4 and value.dtype.is_floating_point
                 and value.is_contiguous() and not value.is_contiguous(memory_format=torch.channels_last)):
             return graph.call_method("contiguous", (node,))
