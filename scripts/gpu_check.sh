@@ -18,7 +18,7 @@
 #                       [s51-longrows2] [s51-train2-off] [s51-train2] [s51-gputests2] [s51-textcheck2] [s51-text2]
 #                       [s52-quick] [s52-train-off] [s52-train-a] [s52-train-b] [s52-check] [s52-tests] [s52-r50prof]
 #                       [s53-mem] [s53-one] [s54-vision] [s54-r50c] [s55-tests] [s55-pool] [s55-warm] [s56-tests] [s57-check] [s57-se] [s58-gelu] [s58-tma] [s58-bert] [s59-ops] [s60-train] [s60-kprof] [s60-align] [s60-final] [s60-copy] [s61-tests] [s61-b1a] [s61-b1b] [s61-fix] [s61-train] [s62-a] [s62-core] [s62-min] [s62-tests] [s62-tp] [s63-fix] [s63-next] [s63-opt] [s64-ab] [s64-tests] [s64-merge]
-#                       [s65-probe] [s65-b1a] [s65-b1b]
+#                       [s65-probe] [s65-b1a] [s65-b1b] [s65-x3]
 #                       [s33-replay] [s33-train] [s33-train-r50] [s33-train-off]
 #                       [models-bf16f] [gputests3] [backend-host] [backend-layers] [optimizer] [training-mix]
 #                       [generate] [shapes] [shapes-llama] [training] [training-vision] [training-large]
@@ -49,7 +49,7 @@ if [ "${1:-}" = record ]; then
            shapes.txt shapes.json shapes-llama.txt shapes-llama.json training-large.txt training-large.json backend-host.txt \
            rows-prof.txt backend-layers.txt session29.txt trainmem-gpt2.txt trainmem18.txt s29-tests.txt \
            models-tp3.txt models-bf16c.txt s30-tests.txt dense32-compile.txt s30-replay.txt s30-mem.txt s30-gpt2.txt s30-gpt2.json kprof-s30.txt kprof-gpt2b.txt kprof-sq.txt swin-red.txt kprof-shuffle.txt models-b1red.txt s31-tests.txt s32-tests.txt s32b-tests.txt gputests5.txt kprof-gpt2d.txt models-tp6.txt kprof-gpt2-nopdl.txt models-shuf.txt models-text1.txt models-cl.txt models-bf16e.txt models-bf16f.txt models-tp5.txt s33-replay.txt s33-train.txt s33-train-r50.txt s33-train-off.txt s34-replay.txt s34-train.txt s34-train-r50.txt s34-r50-1s.txt s34-train-1s.txt s34-train-2s.txt s34-train-all.txt s34-goog.txt s35-pools.txt s35-pools-off.txt s35-train.txt s36-va.txt s36-vb.txt s36-vc.txt s36-train-check.txt s36-train-check.json s36-train-amp.txt s36-train-amp.json s36-train-rest.txt s36-train-rest.json s36-vd.txt s37-shuf.txt s37-shuf.json s37-compile.txt s38-timm-a.txt s38-timm-a.json s38-timm-b.txt s38-timm-b.json s38-suite.txt s38-vision.txt s39-gate.txt s39-detect.txt s39-text.txt s40-mbv3.txt s40-mbv3.json s40-red.txt s41-fixes.txt s42-text.txt s42-fixes.txt s43-llama.txt s43-red.txt s43-timm.txt s43-timm.json s43-bert.txt s43-epi.txt s43-ddp.txt s44-red.txt s44-exp.txt s44-red2.txt s44-tp.txt s44-b1.txt s44-timm.txt s44-timm.json s45-vit.txt s45-bf16.txt s45-kbe.txt s45-gpt2.txt s45-mm.txt s45-mm2.txt s45-check.txt s46-tp.txt s46-train.txt s46-train.json s46-fold.txt s46-b1.txt s47-graph.txt s47-backend.txt s48-host.txt s49-bhost.txt s49-gap.txt s49-sym.txt s49-tests.txt s49-timm.txt s49-timm.json s50-tests.txt s50-timm.txt s50-timm.json s50-suite.txt s50-b1.txt s50-b1bf.txt s50-r50prof.txt s50-bnt.txt s50-bncheck.txt s50-bncheck.json s50-bntrain.txt s51-tests.txt s51-train-off.txt s51-train.txt s51-check.txt s51-check.json s51-tests2.txt s51-r50prof.txt s51-gputests.txt s51-textcheck.txt s51-textcheck.json s51-text.txt s51-longrows.txt s51-longrows2.txt s51-train2-off.txt s51-train2.txt s51-gputests2.txt s51-textcheck2.txt s51-textcheck2.json s51-text2.txt \
-           s52-quick.txt s52-train-off.txt s52-train-a.txt s52-train-b.txt s52-check.txt s52-check.json s52-tests.txt s52-r50prof.txt s53-mem.txt s53-one.txt s54-vision.txt s54-r50c.txt s55-tests.txt s55-pool.txt s55-warm.txt s56-tests.txt s57-check.txt s57-se.txt s58-gelu.txt s58-tma.txt s58-bert.txt s59-ops.txt s60-train.txt s60-kprof.txt s60-align.txt s60-final.txt s60-copy.txt s61-tests.txt s61-b1a.txt s61-b1b.txt s61-fix.txt s61-train.txt s62-a.txt s62-core.txt s62-min.txt s62-tests.txt s62-tp.txt s63-fix.txt s63-next.txt s63-opt.txt s64-ab.txt s64-tests.txt s64-merge.txt s65-probe.txt s65-b1a.txt s65-b1b.txt; do
+           s52-quick.txt s52-train-off.txt s52-train-a.txt s52-train-b.txt s52-check.txt s52-check.json s52-tests.txt s52-r50prof.txt s53-mem.txt s53-one.txt s54-vision.txt s54-r50c.txt s55-tests.txt s55-pool.txt s55-warm.txt s56-tests.txt s57-check.txt s57-se.txt s58-gelu.txt s58-tma.txt s58-bert.txt s59-ops.txt s60-train.txt s60-kprof.txt s60-align.txt s60-final.txt s60-copy.txt s61-tests.txt s61-b1a.txt s61-b1b.txt s61-fix.txt s61-train.txt s62-a.txt s62-core.txt s62-min.txt s62-tests.txt s62-tp.txt s63-fix.txt s63-next.txt s63-opt.txt s64-ab.txt s64-tests.txt s64-merge.txt s65-probe.txt s65-b1a.txt s65-b1b.txt s65-x3.txt; do
     [ -f "$tmp/$f" ] && cp "$tmp/$f" docs/bench/ && echo "docs/bench/$(basename "$f")"
   done
   rm -rf "$tmp"
@@ -646,6 +646,12 @@ step s64-merge 560 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=sh
 # session 65: float32 products on tensor cores at float32's accuracy (Triton "tf32x3") against cuBLAS's
 # float32 SIMT kernels, per shape of a 1024-token BERT-base / GPT-2 training step (TF32 off, as in training.py)
 step s65-probe 200 python3 benchmarks/tf32x3_probe.py --json "$OUT/s65-probe.json"
+# session 65: Config.float32_matmul="tf32x3" (float32 products on tensor cores in the template, with or without
+# an epilogue, where measured faster than cuBLAS's float32 kernels): its tests on CUDA, then BERT-base / GPT-2
+# training (TF32 off) with it, gradients checked against float64, and without it in the same call
+step s65-x3 560 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=short tests/test_matmul.py -k "tf32 or float32_matmul"; \
+  python3 benchmarks/training.py --models bert-base,gpt2 --modes eager,streamfuse --steps 10 --set float32_matmul=tf32x3; \
+  python3 benchmarks/training.py --models bert-base,gpt2 --modes streamfuse --no-check --steps 10'
 # session 65: every fp32 batch-1 row of the suite in one warm-machine session, both entry points (two chunks)
 step s65-b1a 580 streamfuse bench --suite models --models resnet50,googlenet,inception,mobilenet_v2,mobilenet_v3,efficientnet_b0,squeezenet,densenet,shufflenet,regnet \
   --batch 1 --dtype float32 --modes $MODES_RO --reps 10 --out "$OUT/s65-b1a"

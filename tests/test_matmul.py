@@ -39,6 +39,11 @@ def _kinds(compiled) -> list[GroupKind]:  # type: ignore[no-untyped-def]
     return [g.kind for g in compiled.plan.groups if g.kind is not GroupKind.ALIAS]
 
 
+def _matmul_source(compiled) -> str:  # type: ignore[no-untyped-def]
+    (group,) = [g for g in compiled.plan.groups if g.kind is GroupKind.MATMUL]
+    return compiled.sources[group.id].source
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(EPILOGUES))
 def test_linear_bias_activation_is_one_kernel(act: str, dtype: torch.dtype, config, device) -> None:  # type: ignore[no-untyped-def]
@@ -115,6 +120,59 @@ def test_no_epilogue_means_cublas_alone(config, device) -> None:  # type: ignore
     w = randn(16, 20, device=device, seed=8)
     compiled = compile_and_check(lambda x: x @ w, [randn(8, 16, device=device)], config)
     assert _kinds(compiled) == [GroupKind.ATEN]
+
+
+def test_tf32x3_float32_products_may_run_in_the_template_without_an_epilogue(config, device) -> None:  # type: ignore[no-untyped-def]
+    """Config.float32_matmul="tf32x3": a float32 product (TF32 off) runs on the tensor cores at float32's
+    accuracy in the template, so one without an epilogue is planned there where the model predicts it
+    faster than cuBLAS's float32 kernels; the kernel asks tl.dot for "tf32x3". One-row products keep
+    their matrix-vector loop, and with "ieee" nothing changes."""
+    w = randn(256, 512, device=device, seed=8)
+    x = randn(384, 256, device=device)
+    emulated = config.replace(float32_matmul="tf32x3", check_templates=False)
+    # K = 256 (the model predicts the template only for a product this large): float32's rounding in
+    # sums of 256 products of N(0, 1) values (~16) exceeds the default 1e-5 absolute tolerance
+    compiled = compile_and_check(lambda a: a @ w, [x], emulated, scale=8.0)
+    (choice,) = compiled.plan.matmul_choices.values()
+    assert choice.strategy == "triton" and not choice.rule, choice.reason
+    assert _kinds(compiled) == [GroupKind.MATMUL]
+    assert 'input_precision="tf32x3"' in _matmul_source(compiled)
+    plain = compile_and_check(lambda a: a @ w, [x], config.replace(check_templates=False), scale=8.0)
+    (choice,) = plain.plan.matmul_choices.values()
+    assert choice.strategy == "cublas" and "no pointwise epilogue" in choice.rule
+    # the same product in bfloat16 is not affected: nothing to emulate
+    w16 = w.to(torch.bfloat16)
+    half = compile_and_check(lambda a: a @ w16, [x.to(torch.bfloat16)], emulated, scale=8.0)
+    assert _kinds(half) == [GroupKind.ATEN]
+
+
+@pytest.fixture
+def tf32_allowed():  # type: ignore[no-untyped-def]
+    saved = torch.backends.cuda.matmul.allow_tf32  # a property of torch's module: monkeypatch cannot set it
+    torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_tf32x3_is_only_asked_for_while_tf32_is_off(config, device, tf32_allowed) -> None:  # type: ignore[no-untyped-def]
+    """With TF32 allowed the template multiplies in TF32 whatever Config.float32_matmul says (TF32 is
+    what the user asked for, and cuBLAS uses it too), and "tf32x3" does not move products without an
+    epilogue off cuBLAS then."""
+    lin = torch.nn.Linear(40, 48).to(device)
+    fn = lambda x: torch.relu(lin(x))
+    emulated = _triton(config).replace(float32_matmul="tf32x3")
+    compiled = compile_and_check(fn, [randn(37, 40, device=device)], emulated)
+    source = _matmul_source(compiled)
+    assert 'input_precision="tf32"' in source and "tf32x3" not in source
+    w = randn(256, 512, device=device, seed=8)
+    alone = compile_and_check(lambda a: a @ w, [randn(384, 256, device=device)],
+                              config.replace(float32_matmul="tf32x3", check_templates=False), scale=8.0)
+    assert _kinds(alone) == [GroupKind.ATEN]
+
+
+def test_float32_matmul_is_checked() -> None:
+    with pytest.raises(ValueError, match="float32_matmul.*'ieee' or 'tf32x3'.*'tf32'"):
+        Config(float32_matmul="tf32")  # type: ignore[arg-type]
 
 
 def test_prologue_and_reduction_epilogue_are_refused_with_reasons(config, device) -> None:  # type: ignore[no-untyped-def]

@@ -207,6 +207,27 @@ def test_mlp(train_config: streamfuse.Config) -> None:
     train_and_compare(_MLP(), batches, lambda m, x, y: F.cross_entropy(m(x), y), train_config)
 
 
+def test_float32_products_emulated_on_tensor_cores_train_like_eager(train_config: streamfuse.Config,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Config.float32_matmul="tf32x3": the training graphs' float32 products (forward, and the
+    backward's input and weight gradients, whose operands are transposed views) may run in the
+    matmul template, epilogue or not; the step still trains like eager's. Shapes large enough for
+    the cost model to pick the template without an epilogue, its K-step latency prior lowered so it
+    does for all five products here."""
+    from streamfuse.codegen import matmul
+
+    asked: list[str] = []
+    generate = matmul.generate_matmul
+    monkeypatch.setattr(matmul, "generate_matmul", lambda *a, **k: (asked.append(k.get("float32", "")), generate(*a, **k))[1])
+    model = nn.Sequential(nn.Linear(256, 384), nn.GELU(), nn.Linear(384, 256))
+    batches = [(_randn(320, 256, seed=i), _randn(320, 256, seed=10 + i)) for i in range(2)]
+    train_and_compare(model, batches, lambda m, x, y: F.mse_loss(m(x), y),
+                      train_config.replace(float32_matmul="tf32x3", check_templates=False, triton_matmul_k_step_us=0.01))
+    if train_config.executor == "triton":
+        # two forward products (bias + GELU, bias), one input gradient, two weight gradients
+        assert asked.count("tf32x3") == 5, asked
+
+
 def test_batch_norm_under_bfloat16_autocast_trains(train_config: streamfuse.Config) -> None:
     """CPU bf16 autocast: a float32 batch-norm's saved statistics are float32 at run time while
     AOTAutograd's metadata said bfloat16, and the backward's plan refused them (InputMismatch from

@@ -16,6 +16,7 @@ Executor = Literal["auto", "triton", "reference"]
 MatmulStrategy = Literal["auto", "triton", "cublas"]
 ConvLayout = Literal["auto", "native", "channels_last"]
 AddmmBias = Literal["auto", "addmm", "split"]
+Float32Matmul = Literal["ieee", "tf32x3"]
 
 
 def _default_cache_dir() -> Path:
@@ -168,6 +169,17 @@ class Config:
     """mm / addmm with a pointwise epilogue: "auto" lets the cost model (or, with profile_guided, a
     measurement) pick the Triton template with the epilogue fused or cuBLAS + one epilogue kernel;
     "triton" or "cublas" force one."""
+    float32_matmul: Float32Matmul = "ieee"
+    """How the matmul template multiplies float32 operands while TF32 is off (PyTorch's default;
+    with torch.backends.cuda.matmul.allow_tf32 the template uses TF32, as cuBLAS does). "ieee": on
+    the CUDA cores, like cuBLAS's float32 kernels, so products without an epilogue stay on cuBLAS.
+    "tf32x3": on the tensor cores, each operand split into a TF32 part and a TF32 remainder and
+    three products summed (Triton's input_precision="tf32x3"; the dropped remainder x remainder term
+    is ~2^-22 of each product, below float32 accumulation's own rounding over K >= 256); every
+    float32 product of more than one row may then run in the template, epilogue or not, where the
+    template is predicted and measured (check_templates) faster than cuBLAS's float32 kernels.
+    Opt-in: its results differ from eager's in the last bits, as another cuBLAS algorithm's would
+    (errors against float64 measured in PERF.md, session 65)."""
     triton_matmul_efficiency: float = 0.7
     """Prior for the cost model: the fraction of cuBLAS's arithmetic rate and bandwidth a tuned Triton
     template reaches. Measured on the H200 (bf16 4096x4096, PERF.md): 0.66 at batch 4096, 0.81 at 512,
@@ -518,6 +530,8 @@ class Config:
                 or list(buckets) != sorted(set(buckets))):
             raise ValueError(f"Config.batch_buckets must be a non-empty tuple of increasing positive ints, "
                              f"got {buckets!r}")
+        if self.float32_matmul not in ("ieee", "tf32x3"):
+            raise ValueError(f"Config.float32_matmul must be 'ieee' or 'tf32x3', got {self.float32_matmul!r}")
         if self.matmul_strategy not in ("auto", "triton", "cublas"):
             raise ValueError(f"Config.matmul_strategy must be 'auto', 'triton' or 'cublas', got {self.matmul_strategy!r}")
         if self.addmm_bias not in ("auto", "addmm", "split"):

@@ -148,7 +148,8 @@ def generate(group: Group, config: Config, target: str, sm_count: int, pdl: bool
     if group.kind is GroupKind.MATMUL:
         from streamfuse.codegen.matmul import generate_matmul, heuristic_tile, with_tile
 
-        source = generate_matmul(group, target, tma=config.matmul_tma, pdl=pdl, constants=constants)
+        source = generate_matmul(group, target, tma=config.matmul_tma, pdl=pdl, constants=constants,
+                                 float32=config.float32_matmul)
         return with_tile(source, group, heuristic_tile(group, config, sm_count))
     raise ValueError(f"group {group.name} of kind {group.kind.value} is not generated")
 

@@ -63,8 +63,9 @@ class MatmulTile:
 
 
 def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = False,
-                    constants: frozenset[Node] = frozenset()) -> KernelSource:
+                    constants: frozenset[Node] = frozenset(), float32: str = "ieee") -> KernelSource:
     """`tma`: load A and B through tensor descriptors (Config.matmul_tma) where `tma_layout` allows.
+    `float32`: tl.dot's input precision for float32 operands while TF32 is off (Config.float32_matmul).
     `pdl`: programmatic dependent launch (codegen/kernel.generate); a matrix-vector product whose B
     is in `constants` reads its first B tile, and a constant bias, before the grid-dependency wait."""
     mm = group.contraction
@@ -82,7 +83,7 @@ def generate_matmul(group: Group, target: str, tma: bool = False, pdl: bool = Fa
     if batched:  # one batch per range of programs; each operand's batch offset moves its base pointer
         pa, pb = f"({pa} + pid_b * {sa_batch[0]})", f"({pb} + pid_b * {sb_batch[0]})"
     precision = "" if mm.dtype != torch.float32 else (
-        ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else ', input_precision="ieee"')
+        ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else f', input_precision="{float32}"')
     # Triton's CPU interpreter multiplies bf16 tiles wrongly (numpy has no bf16): widen them there;
     # the products are exact in fp32, so the result is the same
     operands = "a.to(tl.float32), b.to(tl.float32)" if target != "cuda" and mm.dtype == torch.bfloat16 else "a, b"

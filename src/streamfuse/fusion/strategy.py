@@ -15,7 +15,9 @@ The cost model is a roofline with a launch cost, on the device's ceilings (tune/
 so the template wins where the epilogue's round trip through memory and its launch cost more than
 the template's lower arithmetic rate: small and medium M, wide epilogues. A contraction without a
 pointwise consumer always runs through cuBLAS (nothing to fuse), and so does a float32 product of
-more than one row (the template's IEEE tl.dot has no tensor cores) unless measured faster.
+more than one row (the template's IEEE tl.dot has no tensor cores) unless measured faster; with
+Config.float32_matmul="tf32x3" (TF32 off) the template's float32 products run on the tensor cores at
+float32's accuracy, at a sixth of the 16-bit rate, and may win with or without an epilogue.
 """
 
 from __future__ import annotations
@@ -75,12 +77,16 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     has_epilogue = bool(epilogue_users(node))
     epilogue = (2.0 * node.numel * node.itemsize / bw + launch) if has_epilogue else 0.0
     eff = config.triton_matmul_efficiency
+    emulated = emulates_float32(node, config)
+    # tf32x3: three TF32 products, TF32 at half the 16-bit tensor-core rate
+    template_rate = ceilings.flops_per_us(torch.bfloat16) / 6.0 if emulated else rate
     k_steps = math.ceil(k / (256 if node.itemsize <= 2 else 128))  # the deepest K tile the tuner tries
     tiles = batch * math.ceil(m / (16 if m <= 16 else 128)) * math.ceil(n / 64)  # ~ codegen's heuristic tile
     steps = math.ceil(k_steps / fill_split(tiles, k_steps, ceilings.sm_count, config.matmul_max_split_k))
-    triton = max(flops / (rate * eff), operand_bytes / bw, steps * config.triton_matmul_k_step_us) + launch
+    triton = max(flops / (template_rate * eff), operand_bytes / bw, steps * config.triton_matmul_k_step_us) + launch
     choice = decide(cublas, epilogue, triton, measured=False, has_epilogue=has_epilogue, config=config,
-                    tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 or m == 1)
+                    tensor_cores=node.dtype != torch.float32 or torch.backends.cuda.matmul.allow_tf32 or m == 1
+                    or emulated, alone_ok=emulated)
     if node.op == "aten.bmm.default" and config.matmul_strategy == "auto" and choice.strategy == "triton":
         # tested in Triton's interpreter only: runs when forced or measured (profile_guided), not by default
         return MatmulChoice("cublas", cublas, epilogue, triton, False,
@@ -88,17 +94,26 @@ def predict(node: Node, ceilings: DeviceCeilings, config: Config) -> MatmulChoic
     return choice
 
 
+def emulates_float32(node: Node, config: Config) -> bool:
+    """The template would run this float32 product on the tensor cores at float32's accuracy
+    (Config.float32_matmul="tf32x3", TF32 off, more than one row) while cuBLAS runs it on the CUDA
+    cores: then the template can win without an epilogue to fuse."""
+    return (config.float32_matmul == "tf32x3" and node.dtype == torch.float32
+            and not torch.backends.cuda.matmul.allow_tf32 and matmul_dims(node)[1] > 1)
+
+
 def decide(cublas_us: float, epilogue_us: float, triton_us: float, measured: bool, has_epilogue: bool,
-           config: Config, tensor_cores: bool = True) -> MatmulChoice:
+           config: Config, tensor_cores: bool = True, alone_ok: bool = False) -> MatmulChoice:
     """`tensor_cores`: False for float32 products, whose IEEE template runs on the CUDA cores: on the
     H200 it made 4 MLPs (d=1024, batch 1) 2-4x slower than cuBLAS (PERF.md run 16), so "auto" keeps
     cuBLAS for them unless a measurement (profile_guided) says otherwise. One-row products are the
-    exception (True): their matrix-vector loop uses no tl.dot in any dtype."""
+    exception (True): their matrix-vector loop uses no tl.dot in any dtype. `alone_ok`: the template
+    may win without an epilogue (emulates_float32)."""
     rule = ""
     if config.matmul_strategy != "auto":
         strategy: Strategy = config.matmul_strategy
         rule = f"forced by Config.matmul_strategy={strategy!r}"
-    elif not has_epilogue:
+    elif not has_epilogue and not alone_ok:
         strategy, rule = "cublas", "no pointwise epilogue to fuse"
     elif not tensor_cores and not measured:
         strategy, rule = "cublas", "float32: the template's IEEE products run without tensor cores"

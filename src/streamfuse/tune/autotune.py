@@ -32,7 +32,7 @@ from streamfuse.config import Config
 from streamfuse.fusion.groups import Group, GroupKind, Plan
 from streamfuse.fusion.legality import matmul_dims
 from streamfuse.fusion.planner import plan_fusion
-from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide
+from streamfuse.fusion.strategy import MatmulChoice, choose_matmuls, decide, emulates_float32
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.profile.timing import time_concurrent_us, time_graph_us
 from streamfuse.runtime.steps import NodeStep, ensure_allocator
@@ -408,7 +408,8 @@ def _measure(plan: Plan, modelled: dict[Node, MatmulChoice], config: Config, cei
         jobs.append(TuneJob(group, source, load(source), give_up_us=give_up))
     timed = tune_matmuls(jobs, config, device)
     return {g.contraction: decide(cublas_us[g.contraction], modelled[g.contraction].epilogue_us, triton_us,
-                                  measured=True, has_epilogue=len(g.nodes) > 1, config=config)
+                                  measured=True, has_epilogue=len(g.nodes) > 1, config=config,
+                                  alone_ok=emulates_float32(g.contraction, config))
             for g, (_, triton_us) in zip(groups, timed, strict=True)}
 
 
