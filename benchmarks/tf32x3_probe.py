@@ -6,6 +6,10 @@ tensor-core products (high*high + high*low + low*high); the dropped low*low term
 product, below float32 accumulation's own error over K >= 256. This probe times, per shape of a
 BERT-base / GPT-2 training step (1024 tokens), cuBLAS float32, cuBLAS TF32 (one pass, less accurate),
 and a plain Triton GEMM with "ieee", "tf32x3" and "tf32", and reports each one's error against float64.
+The plain GEMM (Triton's own autotuner over a few Hopper tiles) is a feasibility check of the
+arithmetic, not streamfuse's template (codegen/matmul.py): what the template reaches inside a
+training step, tuned by tune/autotune.py and checked against cuBLAS, is what
+`scripts/gpu_check.sh s65-x3` measures (benchmarks/training.py --set float32_matmul=tf32x3).
 
     python benchmarks/tf32x3_probe.py [--json FILE]
 """

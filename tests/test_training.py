@@ -218,7 +218,12 @@ def test_float32_products_emulated_on_tensor_cores_train_like_eager(train_config
 
     asked: list[str] = []
     generate = matmul.generate_matmul
-    monkeypatch.setattr(matmul, "generate_matmul", lambda *a, **k: (asked.append(k.get("float32", "")), generate(*a, **k))[1])
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("float32", ""))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(matmul, "generate_matmul", spy)
     model = nn.Sequential(nn.Linear(256, 384), nn.GELU(), nn.Linear(384, 256))
     batches = [(_randn(320, 256, seed=i), _randn(320, 256, seed=10 + i)) for i in range(2)]
     train_and_compare(model, batches, lambda m, x, y: F.mse_loss(m(x), y),
