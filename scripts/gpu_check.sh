@@ -654,8 +654,9 @@ step s65-x3 560 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=short
   python3 benchmarks/training.py --models bert-base,gpt2 --modes streamfuse --no-check --steps 10'
 # session 65: every fp32 batch-1 row of the suite in one warm-machine session, both entry points (two chunks)
 # session 66: the tf32x3 tests on CUDA after the TF32 test's tolerance fix (run 239 failed it at 1e-5 against
-# float64), the training test with the emulated products, and the one b1 row that s65-b1a's time limit cut (regnet)
-step s66-fix 300 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=short tests/test_matmul.py tests/test_training.py -k "tf32 or float32_matmul or float32_products"; \
+# float64), the training test with the emulated products, the TF32-withdrawn guard (tests/test_model_state.py),
+# and the one b1 row that s65-b1a's time limit cut (regnet)
+step s66-fix 300 bash -c 'python3 -m pytest -q -W ignore -p no:logging --tb=short tests/test_matmul.py tests/test_training.py tests/test_model_state.py -k "tf32 or float32_matmul or float32_products"; \
   streamfuse bench --suite models --models regnet --batch 1 --dtype float32 --modes '"$MODES_RO"' --reps 10 --out "$OUT/s66-fix"'
 step s65-b1a 580 streamfuse bench --suite models --models resnet50,googlenet,inception,mobilenet_v2,mobilenet_v3,efficientnet_b0,squeezenet,densenet,shufflenet,regnet \
   --batch 1 --dtype float32 --modes $MODES_RO --reps 10 --out "$OUT/s65-b1a"

@@ -1,8 +1,11 @@
 """What a compiled model sees of its model after compiling: gradients wanted at a call, train/eval
 switches, parameters given new memory, replaced parameters, buffers and submodules (and the
-registration counter that watches for them), and the autocast state of a call."""
+registration counter that watches for them), and the autocast and TF32 state of a call."""
 
 from __future__ import annotations
+
+import copy
+import warnings
 
 import pytest
 import torch
@@ -256,3 +259,108 @@ def test_weights_changed_after_a_change_through_data(config) -> None:  # type: i
         assert not torch.allclose(compiled(x), model(x), rtol=1e-3, atol=1e-3)  # the documented limit
         compiled.weights_changed()
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def tf32_flags():  # type: ignore[no-untyped-def]
+    """Sets (matmul, cuDNN) TF32 permission for the test; restores both after (the flags are properties
+    of torch's modules: monkeypatch cannot restore them)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+    def set_flags(matmul: bool, convolutions: bool) -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, convolutions
+
+    yield set_flags
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_tf32_baked_names_the_float32_work_each_setting_governs(config, tf32_flags) -> None:  # type: ignore[no-untyped-def]
+    """What a CUDA plan built now would bake in: the matmul setting where it has float32 products, the
+    cuDNN one where it has float32 convolutions; nothing for 16-bit work, with both off, or off CUDA.
+    (Judged on graphs compiled here: the function reads only the graph and torch's flags.)"""
+    from streamfuse.runtime.structure import tf32_baked
+
+    linear = streamfuse.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()), (randn(2, 8),), config)
+    conv = streamfuse.compile(_conv_bn(), (randn(1, 3, 6, 6),), config)
+    half = streamfuse.compile(torch.nn.Linear(8, 8).to(torch.bfloat16), (randn(2, 8, dtype=torch.bfloat16),), config)
+    tf32_flags(True, True)
+    assert tf32_baked(linear.graph, "cuda") == (True, False)
+    assert tf32_baked(conv.graph, "cuda") == (False, True)
+    assert tf32_baked(half.graph, "cuda") is None
+    assert tf32_baked(linear.graph, "cpu") is None
+    tf32_flags(False, True)
+    assert tf32_baked(linear.graph, "cuda") is None  # TF32 for convolutions only: a product keeps float32
+    tf32_flags(False, False)
+    assert tf32_baked(conv.graph, "cuda") is None
+
+
+def test_a_call_after_tf32_was_withdrawn_runs_eagerly_until_it_is_allowed_again(config, tf32_flags) -> None:  # type: ignore[no-untyped-def]
+    """A CUDA plan built with TF32 allowed rounds its float32 products to TF32 in its kernels and
+    recorded graphs, whatever the flag says later: a call after the permission was withdrawn would be
+    TF32-rounded where eager is exact (1e-3 where 1e-6 is expected). Such calls run the model eagerly
+    (one warning) until TF32 is allowed again. The state is set by hand as a CUDA compile under TF32
+    would (on the CPU nothing is baked: tf32_baked is None there)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    x = randn(4, 16)
+    with torch.no_grad():
+        compiled = streamfuse.compile(model, (x,), config)
+        assert compiled.tracks_tf32 and compiled.tf32_baked is None  # CPU: nothing baked
+        planned: list[int] = []
+        plan_call = compiled._call
+        compiled._call = lambda inputs: planned.append(1) or plan_call(inputs)  # type: ignore[method-assign]
+        compiled.tf32_baked = (True, False)
+        tf32_flags(True, False)
+        torch.testing.assert_close(compiled(x), model(x))
+        assert len(planned) == 1  # allowed as compiled: the plan runs
+        tf32_flags(False, True)
+        with pytest.warns(UserWarning, match="compiled with TF32 allowed for matmuls .* and it is not now"):
+            got = compiled(x)
+        assert torch.equal(got, model(x)) and len(planned) == 1  # eager's result, the plan did not run
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled(x)
+        assert not caught and len(planned) == 1  # one warning per model; still eager
+        tf32_flags(True, False)
+        compiled(x)
+        assert len(planned) == 2 and compiled.eager_reason is None
+        # allowed only after compiling: the plan computes in float32, more exactly than asked, and runs
+        compiled.tf32_baked = None
+        compiled(x)
+        assert len(planned) == 3
+
+
+@pytest.mark.gpu
+def test_tf32_withdrawn_on_cuda_gives_float32_results(config, tf32_flags) -> None:  # type: ignore[no-untyped-def]
+    """On CUDA: a model compiled with TF32 allowed (its products in the template, asked for TF32) and
+    called with TF32 off returns float32-exact results (eager's), not TF32-rounded ones; and a model
+    compiled with TF32 off whose first call (the CUDA graph's recording) came with TF32 on is treated
+    the same: the recording baked TF32 into its cuBLAS calls."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 256)).cuda().eval()
+    x = randn(64, 256, device="cuda")
+    wide = copy.deepcopy(model).double()
+    with torch.no_grad():
+        want = wide(x.double())
+        tf32_flags(True, False)
+        compiled = streamfuse.compile(model, (x,), config.replace(matmul_strategy="triton"))
+        assert compiled.tf32_baked == (True, False)
+        tf32_out = compiled(x)
+        tf32_flags(False, False)
+        with pytest.warns(UserWarning, match="compiled with TF32 allowed"):
+            exact = compiled(x)
+        late = streamfuse.compile(model, (x,), config)
+        assert late.tf32_baked is None
+        tf32_flags(True, False)
+        late(x)  # under TF32: the first call records the CUDA graph, where graphs pay off for the model
+        recorded = bool(late._runners)
+        tf32_flags(False, False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            late_exact = late(x)
+        # a recording under TF32 baked it in (eager then); without one, the plan's cuBLAS calls follow the flag
+        assert any("compiled with TF32 allowed" in str(w.message) for w in caught) == recorded
+    scale = float(want.abs().max())
+    assert float((tf32_out.double() - want).abs().max()) > 1e-5 * scale  # TF32 was in effect when allowed
+    for out in (exact, late_exact):
+        assert float((out.double() - want).abs().max()) <= 1e-5 * scale

@@ -91,7 +91,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
     from streamfuse.runtime.compiled import build
     from streamfuse.runtime.executable import build_executable
     from streamfuse.runtime.inputs import graph_device
-    from streamfuse.runtime.structure import StructureWatch, autocast_state
+    from streamfuse.runtime.structure import StructureWatch, autocast_state, tf32_baked
 
     snapshots = SnapshotCache()
 
@@ -187,6 +187,7 @@ def _build(model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Comp
         compiled.mode_source, compiled.compiled_training = user_model, user_model.training
         compiled.structure = StructureWatch(user_model)
     compiled.autocast = autocast_state(device.type)
+    compiled.tracks_tf32, compiled.tf32_baked = True, tf32_baked(compiled.base.graph, device.type)
     compiled.base.compile_times = {"capture": capture_s, **compiled.base.compile_times}
     compiled.capture_path = captured.how
     return compiled

@@ -40,6 +40,7 @@ class BatchBuckets:
     _slices: dict[int, list[int | None]]
     _runners: OrderedDict[int, Any]
     _ran: set[int]
+    _note_tf32: Callable[[Any], None]  # runtime/model_state.py
 
     def _run_bucketed(self, inputs: list[Any]) -> list[Any]:
         """Without CUDA graphs: the compiled batch runs as is, another batch padded to its bucket."""
@@ -169,6 +170,7 @@ class BatchBuckets:
                 raise ValueError(f"output {j} changes shape beyond dim 0 with the batch; batch is fixed")
         self._variants[padded] = exe
         self._slices[padded] = slices
+        self._note_tf32(exe.graph)
 
     def _bucket_failed(self, padded: int, exc: Exception) -> NoReturn:
         """A batch bucket's plan (captured at that batch) failed on its first run, where the compiled

@@ -34,7 +34,7 @@ from streamfuse.runtime.graphs import MAX_MOVES, GraphRunner, InputsMoved
 from streamfuse.runtime.inputs import BadInput, InputMismatch
 from streamfuse.runtime.memory import LEDGER, graph_memory_limit, on_out_of_memory
 from streamfuse.runtime.model_state import ModelState
-from streamfuse.runtime.structure import autocast_state
+from streamfuse.runtime.structure import autocast_state, tf32_state
 
 Recapture = Callable[[list[torch.Tensor]], Executable]
 Specialize = Callable[[tuple[torch.Tensor, ...]], Any]
@@ -207,6 +207,8 @@ class CompiledGraph(ModelState, BatchBuckets):
             return self._in_other_mode(inputs)
         if self.autocast is not None and (now := autocast_state(self.base.device.type)) != self.autocast:
             return self._in_other_mode(inputs, now)
+        if self.tf32_baked is not None and self._tf32_withdrawn(tf32_state()):
+            return self.eager(*inputs)  # type: ignore[misc]
         if self.bound_pointers is not None and not self.bound_pointers.same(self.bound_tensors):
             self._replaced("a parameter or buffer was given new memory after compiling (`.data =`, a dtype or "
                            "device round trip)")
@@ -385,6 +387,7 @@ class CompiledGraph(ModelState, BatchBuckets):
             self.graph_skip, self.use_graphs = rng, False
             return None
         self._runners[padded] = runner
+        self._note_tf32(self._variants[padded].graph)
         while len(self._runners) > self.config.max_graphs:
             self._runners.popitem(last=False)
         LEDGER.add(self, padded, self.device, graph_memory_limit(self.device, self.config.graph_memory_fraction))

@@ -2,8 +2,9 @@
 
 A plan computes the function the model computed when it was compiled: in that mode (train or eval),
 under that autocast state, reading those parameters and buffers. A call made after the model was
-switched to the other mode, or under another autocast state, runs the model eagerly (with one warning
-per kind, until the state is back); a parameter or buffer given new memory, or a parameter, buffer or
+switched to the other mode, or under another autocast state, or on CUDA after TF32 was withdrawn
+where the plan baked it in, runs the model eagerly (with one warning per kind, until the state is
+back); a parameter or buffer given new memory, or a parameter, buffer or
 submodule replaced by another object, sends the model to eager for good (runtime/structure.py,
 runtime/memory.PointerCheck). A call that wants gradients gets one warning: the results carry none.
 """
@@ -46,6 +47,13 @@ class ModelState:
         self.autocast: tuple[Any, ...] | None = None
         """The autocast state the plan was captured under (streamfuse.compile; runtime/structure.py)."""
         self._autocast_warned = False
+        self.tf32_baked: tuple[bool, bool] | None = None
+        """(matmuls, convolutions): where the plan was built with TF32 allowed for float32 work it has
+        (streamfuse.compile; runtime/structure.tf32_baked); None where nothing depends on it."""
+        self._tf32_warned = False
+        self.tracks_tf32 = False
+        """streamfuse.compile's models only: the backend's graphs are guarded by Dynamo, which compiles
+        again when the matmul TF32 setting changes."""
         self._grad_warned = False
         self._params_want_grad: bool | None = None
         """Some bound parameter requires grad (read at the first call made with grad enabled)."""
@@ -81,6 +89,36 @@ class ModelState:
                           f"eagerly until it is back in {was} mode (compile again for {now} mode)", UserWarning,
                           stacklevel=4)
         return self.eager(*inputs)  # type: ignore[misc]
+
+    def _note_tf32(self, graph: Any) -> None:
+        """A plan built or a CUDA graph recorded now bakes in the TF32 settings of now (a batch bucket's
+        plan, or the first call's recording, may come after the settings changed)."""
+        if not self.tracks_tf32:
+            return
+        from streamfuse.runtime.structure import tf32_baked
+
+        now = tf32_baked(graph, self.base.device.type)
+        if now is not None:
+            was = self.tf32_baked or (False, False)
+            self.tf32_baked = (was[0] or now[0], was[1] or now[1])
+
+    def _tf32_withdrawn(self, now: tuple[bool, bool] | None) -> bool:
+        """TF32 was allowed when the plan was built and is not now, for work the plan has (`now`:
+        runtime/structure.tf32_state()): its kernels and CUDA graphs still round to TF32, so the call
+        runs the model eagerly (one warning) until it is allowed again. TF32 allowed only now changes
+        nothing: the plan computes in float32, more exactly than asked."""
+        baked = self.tf32_baked
+        if baked is None or now is None or not ((baked[0] and not now[0]) or (baked[1] and not now[1])):
+            return False
+        if not self._tf32_warned:
+            self._tf32_warned = True
+            from streamfuse.runtime.structure import describe_tf32
+
+            warnings.warn(f"streamfuse: the model was compiled with TF32 allowed for {describe_tf32(baked)} "
+                          "(torch.backends.cuda.matmul / cudnn allow_tf32), and it is not now: the compiled "
+                          "kernels and CUDA graphs would still round to TF32, so such calls run the model eagerly "
+                          "(compile again with the settings you call it with)", UserWarning, stacklevel=4)
+        return True
 
     def _warn_if_grad_wanted(self, inputs: Sequence[Any]) -> None:
         """Once per compiled model, at any call (not only the first): eager would have recorded a

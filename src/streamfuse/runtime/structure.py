@@ -30,6 +30,8 @@ import torch
 from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
 
+from streamfuse.ir.ops import OpKind
+
 _registrations = 0
 """Parameters, buffers and submodules registered on any module in this process since import."""
 _installed = False
@@ -135,3 +137,38 @@ def describe_autocast(state: tuple[Any, ...] | None) -> str:
     if not state or not state[0]:
         return "no autocast"
     return f"autocast to {str(state[1]).removeprefix('torch.')}"
+
+
+def tf32_state() -> tuple[bool, bool] | None:
+    """(TF32 allowed for matmuls, for cuDNN convolutions); None where torch cannot say (it raises when
+    its legacy and new precision settings were mixed)."""
+    try:
+        return torch._C._get_cublas_allow_tf32(), torch._C._get_cudnn_allow_tf32()
+    except RuntimeError:
+        return None
+
+
+def tf32_baked(graph: Any, device_type: str) -> tuple[bool, bool] | None:
+    """Which TF32 permissions a plan built now bakes in: (matmuls, convolutions), each True where TF32
+    is allowed now and the graph has float32 work it governs (products and attention for the first,
+    convolutions for the second). Kernels generated now and CUDA graphs recorded later keep the
+    choice, so a call made after that permission was withdrawn would still compute in TF32. None
+    where nothing is baked (not CUDA, TF32 off, or no such float32 work)."""
+    if device_type != "cuda" or (state := tf32_state()) is None or not any(state):
+        return None
+    products = convolutions = False
+    for node in graph.nodes:
+        float32 = node.dtype == torch.float32 or (node.dtype is None and any(
+            getattr(a, "dtype", None) == torch.float32 for a in node.args))
+        if not float32:
+            continue
+        if "convolution" in node.op:
+            convolutions = True
+        elif node.kind is OpKind.CONTRACTION or "scaled_dot_product" in node.op:
+            products = True
+    baked = (state[0] and products, state[1] and convolutions)
+    return baked if any(baked) else None
+
+
+def describe_tf32(baked: tuple[bool, bool]) -> str:
+    return " and ".join(w for w, on in zip(("matmuls", "convolutions"), baked, strict=True) if on)
