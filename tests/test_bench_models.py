@@ -25,7 +25,7 @@ def test_models_suite_tiny_transformers_through_both_entry_points(tmp_path: Path
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench"
     code = main(["bench", "--suite", "models", "--models", "gpt2 decode,llama,distil", "--batch", "1",
-                 "--dtype", "float32", "--tiny", "--reps", "1", "--out", str(out)])
+                 "--dtype", "float32", "--tiny", "--reps", "1", "--explain", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "streamfuse vs reduce-overhead" in printed and "cold compile s" in printed
@@ -46,6 +46,13 @@ def test_models_suite_tiny_transformers_through_both_entry_points(tmp_path: Path
         backend = row["modes"]["sf-backend"]  # torch.compile's own share, reported beside the total
         assert 0 < backend["dynamo_s"] <= backend["compile_s"] and 0 < backend["dynamo_warm_s"] <= backend["compile_warm_s"]
         assert row["modes"]["streamfuse"]["dynamo_s"] is None
+        # --explain: the plan each streamfuse mode timed, one file per workload and mode
+        name = row["workload"].replace(" ", "_")
+        for mode in ("streamfuse", "sf-backend"):
+            text = (out / "explain" / f"{name}.{mode}.txt").read_text()
+            assert "kernel launches per call" in text and "kernels, in launch order:" in text, (name, mode)
+        planned = row["modes"]["streamfuse"]["planned_kernels"]
+        assert f"-> {planned} kernel launches per call" in (out / "explain" / f"{name}.streamfuse.txt").read_text()
     assert "Dynamo)" in printed
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

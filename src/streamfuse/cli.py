@@ -259,7 +259,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             results = run_suite(workloads, modes, device, config, out, step,
                                 cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings,
-                                finished=lambda row: progress.console.print(escape(row_summary(row))))
+                                finished=lambda row: progress.console.print(escape(row_summary(row))),
+                                explain_dir=out / "explain" if args.explain else None)
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     card = torch.cuda.get_device_name() if cuda else "CPU"
@@ -365,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--gaps", action=argparse.BooleanOptionalAction, default=None,
                        help="kernels per call and gap ratio by torch.profiler on CUDA, after all timing "
                             "(default: on, off for the models suite, where it keeps every model alive to the end)")
+    bench.add_argument("--explain", action="store_true",
+                       help="write the plan each streamfuse mode timed (explain(), measured choices included) to "
+                            "OUT/explain/WORKLOAD.MODE.txt, to compare the two entry points, or two runs")
     bench.set_defaults(fn=cmd_bench)
     calibrate = sub.add_parser("calibrate", help="measure this GPU's ceilings (copy, matmul, launch costs) "
                                "and cache them per device name")

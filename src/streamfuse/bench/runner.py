@@ -24,6 +24,7 @@ import datetime
 import gc
 import json
 import math
+import re
 import shutil
 import statistics
 import tempfile
@@ -284,16 +285,18 @@ def float32_errors(model: Any, inputs: tuple[Any, ...], out: Any, ref: Any, floo
 
 def run_mode(mode: str, workload: Workload, device: torch.device, config: Config, ref: Any,
              to_profile: list[tuple[ModeResult, Callable[[], Any]]] | None = None, *, gaps: bool = True,
-             reps: int | None = None, warm_compile: bool = False) -> ModeResult:
+             reps: int | None = None, warm_compile: bool = False, explain_dir: Path | None = None) -> ModeResult:
     """One mode of one workload: compiled, checked against `ref` (TF32 off), timed. On CUDA its gap ratio
     needs torch.profiler, which slows later four-stream graphs in the process (docs/PERF.md session 10),
     so the call is appended to `to_profile` for after the suite's timing (profiled now if None; never
     if not `gaps`). The streamfuse modes then run their extra checks (module docstring). A fallback to
-    eager (StreamfuseFallbackWarning) is recorded in `fallback` and reported as a failure."""
+    eager (StreamfuseFallbackWarning) is recorded in `fallback` and reported as a failure. explain_dir:
+    the timed build's plans (`explain(source=False)`, every graph of the backend's) are written there,
+    one file per workload and streamfuse mode, to compare the two entry points' choices, or two runs'."""
     result = ModeResult(mode)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _run_mode(result, workload, device, config, ref, to_profile, gaps, reps, warm_compile)
+        _run_mode(result, workload, device, config, ref, to_profile, gaps, reps, warm_compile, explain_dir)
     for w in caught:
         if issubclass(w.category, StreamfuseFallbackWarning):
             result.fallback = result.fallback or str(w.message)
@@ -304,7 +307,7 @@ def run_mode(mode: str, workload: Workload, device: torch.device, config: Config
 
 def _run_mode(result: ModeResult, workload: Workload, device: torch.device, config: Config, ref: Any,
               to_profile: list[tuple[ModeResult, Callable[[], Any]]] | None, gaps: bool, reps: int | None,
-              warm_compile: bool) -> None:
+              warm_compile: bool, explain_dir: Path | None) -> None:
     from streamfuse.capture.backend import compiled_graphs
 
     mode = result.mode
@@ -354,9 +357,17 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
                 if mode in ("compile", "compile-ro", "sf-backend"):
                     torch._dynamo.reset()
                 model, inputs = make_seeded(workload, device)
-                fn = make_mode(mode, workload, model, inputs, config)
+                first_graph = len(compiled_graphs)
+                if mode in SF_MODES and not workload.parallel:
+                    compiled = sf_compile(mode, model, inputs, config)
+                    fn = lambda: compiled(*inputs)  # noqa: E731
+                else:
+                    fn = make_mode(mode, workload, model, inputs, config)
                 fn()
             result.us = time_us(fn, device, reps)
+            if explain_dir is not None and mode in SF_MODES and not workload.parallel:
+                plans = [compiled] if mode == "streamfuse" else list(compiled_graphs[first_graph:])
+                write_explain(explain_dir / f"{file_name(workload.name)}.{mode}.txt", plans)
             if device.type == "cuda" and gaps:
                 if to_profile is None:
                     profile_gaps(result, fn)
@@ -365,6 +376,18 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
         result.error = describe(exc)
         result.us = None
+
+
+def file_name(workload: str) -> str:
+    """A workload's name as a file name: "gpt2 prefill b1x128 fp32" -> "gpt2_prefill_b1x128_fp32"."""
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", workload).strip("_")
+
+
+def write_explain(path: Path, plans: list[Any]) -> None:
+    """The plans a mode timed, as explain() prints them (measured choices included), one after another."""
+    texts = [p.explain(source=False) for p in plans if hasattr(p, "explain")]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n\n".join(texts) if texts else "no streamfuse plan was built (see the mode's error)\n")
 
 
 def seed_calibration(source: Path, cache_dir: Path, device: torch.device) -> None:
@@ -465,14 +488,15 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
               out_dir: Path | None = None, progress: Callable[[str], None] | None = None, *,
               cold_cache: bool = False, gaps: bool = True, reps: int | None = None,
               settings: dict[str, Any] | None = None,
-              finished: Callable[[WorkloadResult], None] | None = None) -> list[WorkloadResult]:
+              finished: Callable[[WorkloadResult], None] | None = None,
+              explain_dir: Path | None = None) -> list[WorkloadResult]:
     """Every mode of every workload; bench.json rewritten after each workload when out_dir is given.
 
     cold_cache: the streamfuse modes compile on a fresh, empty cache_dir per workload and mode, then
     once more on it warm (ModeResult.compile_warm_s). gaps: measure kernels per call and gap ratios with
     torch.profiler on CUDA (after all timing; that keeps every mode's compiled callable alive until the
     end). reps: timed calls per mode (time_us's default if None). settings: recorded in the JSON.
-    finished: called with each workload's row as soon as its modes have run."""
+    finished: called with each workload's row as soon as its modes have run. explain_dir: run_mode's."""
     results: list[WorkloadResult] = []
     to_profile: list[tuple[ModeResult, Callable[[], Any]]] = []
     cold_root = Path(tempfile.mkdtemp(prefix="streamfuse-bench-cold-")) if cold_cache else None
@@ -501,7 +525,7 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
                     mode_config = config.replace(cache_dir=cold_root / f"{index}-{mode}")
                     seed_calibration(config.cache_dir, mode_config.cache_dir, device)
                 row.modes[mode] = run_mode(mode, workload, device, mode_config, ref, to_profile, gaps=gaps, reps=reps,
-                                           warm_compile=cold_root is not None)
+                                           warm_compile=cold_root is not None, explain_dir=explain_dir)
             ref = None
             # (the registry holds graphs weakly: they go with their workload)
             gc.collect()
