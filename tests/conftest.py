@@ -57,3 +57,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-examples", type=int, default=None,
                      help="programs per family for tests/test_fuzz.py (the long profile; default: the CI budget)")
+
+
+@pytest.fixture
+def tf32_flags():  # type: ignore[no-untyped-def]
+    """set_flags(matmuls, convolutions): TF32 permission for the test; both flags restored after (they
+    are properties of torch's modules: monkeypatch cannot restore them)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
+    def set_flags(matmuls: bool, convolutions: bool) -> None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmuls, convolutions
+
+    yield set_flags
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -47,7 +47,7 @@ def test_models_suite_tiny_transformers_through_both_entry_points(tmp_path: Path
         assert 0 < backend["dynamo_s"] <= backend["compile_s"] and 0 < backend["dynamo_warm_s"] <= backend["compile_warm_s"]
         assert row["modes"]["streamfuse"]["dynamo_s"] is None
         # --explain: the plan each streamfuse mode timed, one file per workload and mode
-        name = row["workload"].replace(" ", "_")
+        name = row["workload"].replace(" ", "-")  # profile/outputs.safe_stem
         for mode in ("streamfuse", "sf-backend"):
             text = (out / "explain" / f"{name}.{mode}.txt").read_text()
             assert "kernel launches per call" in text and "kernels, in launch order:" in text, (name, mode)

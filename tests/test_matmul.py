@@ -146,18 +146,11 @@ def test_tf32x3_float32_products_may_run_in_the_template_without_an_epilogue(con
     assert _kinds(half) == [GroupKind.ATEN]
 
 
-@pytest.fixture
-def tf32_allowed():  # type: ignore[no-untyped-def]
-    saved = torch.backends.cuda.matmul.allow_tf32  # a property of torch's module: monkeypatch cannot set it
-    torch.backends.cuda.matmul.allow_tf32 = True
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-def test_tf32x3_is_only_asked_for_while_tf32_is_off(config, device, tf32_allowed) -> None:  # type: ignore[no-untyped-def]
+def test_tf32x3_is_only_asked_for_while_tf32_is_off(config, device, tf32_flags) -> None:  # type: ignore[no-untyped-def]
     """With TF32 allowed the template multiplies in TF32 whatever Config.float32_matmul says (TF32 is
     what the user asked for, and cuBLAS uses it too), and "tf32x3" does not move products without an
     epilogue off cuBLAS then."""
+    tf32_flags(True, torch.backends.cudnn.allow_tf32)
     lin = torch.nn.Linear(40, 48).to(device)
     fn = lambda x: torch.relu(lin(x))
     emulated = _triton(config).replace(float32_matmul="tf32x3")

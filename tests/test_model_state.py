@@ -261,19 +261,6 @@ def test_weights_changed_after_a_change_through_data(config) -> None:  # type: i
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture
-def tf32_flags():  # type: ignore[no-untyped-def]
-    """Sets (matmul, cuDNN) TF32 permission for the test; restores both after (the flags are properties
-    of torch's modules: monkeypatch cannot restore them)."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-
-    def set_flags(matmul: bool, convolutions: bool) -> None:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, convolutions
-
-    yield set_flags
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def test_tf32_baked_names_the_float32_work_each_setting_governs(config, tf32_flags) -> None:  # type: ignore[no-untyped-def]
     """What a CUDA plan built now would bake in: the matmul setting where it has float32 products, the
     cuDNN one where it has float32 convolutions; nothing for 16-bit work, with both off, or off CUDA.

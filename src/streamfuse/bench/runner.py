@@ -24,7 +24,6 @@ import datetime
 import gc
 import json
 import math
-import re
 import shutil
 import statistics
 import tempfile
@@ -367,7 +366,9 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
             result.us = time_us(fn, device, reps)
             if explain_dir is not None and mode in SF_MODES and not workload.parallel:
                 plans = [compiled] if mode == "streamfuse" else list(compiled_graphs[first_graph:])
-                write_explain(explain_dir / f"{file_name(workload.name)}.{mode}.txt", plans)
+                from streamfuse.profile.outputs import safe_stem
+
+                write_explain(explain_dir / f"{safe_stem(workload.name)}.{mode}.txt", plans)
             if device.type == "cuda" and gaps:
                 if to_profile is None:
                     profile_gaps(result, fn)
@@ -376,11 +377,6 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
     except Exception as exc:  # noqa: BLE001 - a failing mode is reported, not fatal
         result.error = describe(exc)
         result.us = None
-
-
-def file_name(workload: str) -> str:
-    """A workload's name as a file name: "gpt2 prefill b1x128 fp32" -> "gpt2_prefill_b1x128_fp32"."""
-    return re.sub(r"[^A-Za-z0-9.-]+", "_", workload).strip("_")
 
 
 def write_explain(path: Path, plans: list[Any]) -> None:
