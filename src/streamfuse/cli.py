@@ -244,12 +244,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         console.print("[yellow]No GPU here: CPU wall-clock times (generated kernels in Triton's interpreter or the "
                       "reference executor); not GPU figures. Run on a CUDA machine for the real suite.[/]")
     gaps = not models_suite if args.gaps is None else args.gaps
-    settings = {"suite": name, "modes": modes, "reps": args.reps, "gaps": gaps, "tf32_when_timed": bool(args.tf32),
+    rounds = args.rounds if args.rounds is not None else (5 if cuda and len(modes) > 1 else 1)
+    settings = {"suite": name, "modes": modes, "reps": args.reps, "rounds": rounds, "gaps": gaps,
+                "tf32_when_timed": bool(args.tf32),
                 "config": args.set}
     if models_suite:
         settings |= {"models": args.models, "batch": args.batch, "dtype": args.dtype, "tiny": tiny}
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=len(workloads) * len(modes))
+        task = progress.add_task("bench", total=len(workloads) * (len(modes) + (rounds > 1)))
 
         def step(label: str) -> None:
             progress.update(task, description=label, advance=1)
@@ -260,7 +262,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             results = run_suite(workloads, modes, device, config, out, step,
                                 cold_cache=models_suite, gaps=gaps, reps=args.reps, settings=settings,
                                 finished=lambda row: progress.console.print(escape(row_summary(row))),
-                                explain_dir=out / "explain" if args.explain else None)
+                                explain_dir=out / "explain" if args.explain else None, rounds=rounds)
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     card = torch.cuda.get_device_name() if cuda else "CPU"
@@ -359,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--modes", default=None, help="comma-separated modes (default: all six on a GPU)")
     bench.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                        help="a Config setting for the streamfuse modes (repeatable), e.g. --set max_streams=1")
+    bench.add_argument("--rounds", type=_positive_int, default=None,
+                       help="time the modes side by side in this many rounds, each mode its share of --reps per round, "
+                            "after all are built (default: 5 on CUDA; 1 times each mode as soon as it is built)")
     bench.add_argument("--reps", type=_positive_int, default=None, help="timed calls per mode (default: 50 on CUDA, 10 on CPU)")
     bench.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
                        help="time float32 with TF32 allowed for matmuls and convolutions (default; the correctness "

@@ -153,7 +153,8 @@ def row_summary(row: WorkloadResult) -> str:
     for mode, r in row.modes.items():
         if r.us is not None:
             ratio = row.ratio(mode, "compile-ro") if mode in SF_MODES else None
-            parts.append(f"{mode} {r.us:.1f} µs" + (f" ({ratio:.2f}x reduce-overhead)" if ratio else ""))
+            spread = "" if r.us_spread is None else f" ±{50 * r.us_spread:.0f}%"
+            parts.append(f"{mode} {r.us:.1f} µs{spread}" + (f" ({ratio:.2f}x reduce-overhead)" if ratio else ""))
         else:
             parts.append(f"{mode} -" + (f" ({r.error[:60]})" if r.error else ""))
     check = row.modes.get("streamfuse")

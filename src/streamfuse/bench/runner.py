@@ -21,11 +21,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import functools
 import gc
 import json
 import math
 import shutil
-import statistics
 import tempfile
 import time
 import warnings
@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
+from streamfuse.bench.timing import describe, guarded, note_warnings, time_interleaved, time_us
 from streamfuse.bench.workloads import Workload
 from streamfuse.config import Config
-from streamfuse.runtime.fallback import StreamfuseFallbackWarning
 
 MODES = ["eager", "eager+graph", "compile", "compile-ro", "streamfuse", "sf-backend"]
 SF_MODES = ("streamfuse", "sf-backend")
@@ -59,6 +59,8 @@ NOTES = {
                 "compilation (Dynamo's bytecode tracing, guards and AOTAutograd's tracing: "
                 "torch._dynamo.utils.compile_times '_compile.compile_inner'), which reduce-overhead pays too; "
                 "streamfuse's own part is the rest",
+    "us_spread": "with interleaved timing (settings.rounds > 1: the modes of a workload timed side by side, "
+                 "in rounds, the order rotated each round): (slowest - fastest round's median µs) / us",
     "planned_kernels": "launches in the streamfuse plan(s) per call (CompiledGraph.stats['kernels'], summed over "
                        "the backend's graphs); kernels_per_call is measured by torch.profiler on CUDA",
     "second_batch": "the streamfuse modes called at this other batch size with the same compiled object; "
@@ -92,6 +94,8 @@ class ModeResult:
     second_batch: int | None = None
     second_rel_err: float | None = None
     second_error: str | None = None
+    us_spread: float | None = None
+    """Interleaved timing (run_suite's rounds > 1): (slowest - fastest round's median) / us."""
     fallback: str | None = None
     """A streamfuse mode that ran (part of) the model eagerly: the StreamfuseFallbackWarning's text."""
     f32_rel_err: float | None = None
@@ -168,11 +172,6 @@ def exact_fp32() -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def describe(exc: BaseException) -> str:
-    """One line for the table and JSON: the exception's type and the first line of its message."""
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-
-
 def sf_compile(mode: str, model: Any, inputs: tuple[torch.Tensor, ...], config: Config) -> Callable[..., Any]:
     """A streamfuse mode's compiled callable (same positional tensors as model): streamfuse.compile,
     or torch.compile with the streamfuse backend (compiled lazily, at the first call)."""
@@ -230,22 +229,6 @@ def _graphed(run: Callable[[], Any]) -> Callable[[], Any]:
     return replay
 
 
-def time_us(fn: Callable[[], Any], device: torch.device, reps: int | None = None) -> float:
-    """Median µs per call: CUDA events over `reps` (50) calls on CUDA, the host clock (10) elsewhere."""
-    if device.type == "cuda":
-        from streamfuse.profile.timing import time_cuda_us
-
-        return time_cuda_us(fn, warmup=10, reps=reps or 50)
-    for _ in range(min(3, reps or 10)):
-        fn()
-    samples = []
-    for _ in range(reps or 10):
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(samples)
-
-
 def tolerance(workload: Workload) -> float:
     return workload.tolerance if workload.tolerance is not None else TOLERANCE.get(workload.dtype, 2e-3)
 
@@ -284,29 +267,30 @@ def float32_errors(model: Any, inputs: tuple[Any, ...], out: Any, ref: Any, floo
 
 def run_mode(mode: str, workload: Workload, device: torch.device, config: Config, ref: Any,
              to_profile: list[tuple[ModeResult, Callable[[], Any]]] | None = None, *, gaps: bool = True,
-             reps: int | None = None, warm_compile: bool = False, explain_dir: Path | None = None) -> ModeResult:
+             reps: int | None = None, warm_compile: bool = False, explain_dir: Path | None = None,
+             pending: list[tuple[ModeResult, Callable[[], Any]]] | None = None) -> ModeResult:
     """One mode of one workload: compiled, checked against `ref` (TF32 off), timed. On CUDA its gap ratio
     needs torch.profiler, which slows later four-stream graphs in the process (docs/PERF.md session 10),
     so the call is appended to `to_profile` for after the suite's timing (profiled now if None; never
     if not `gaps`). The streamfuse modes then run their extra checks (module docstring). A fallback to
     eager (StreamfuseFallbackWarning) is recorded in `fallback` and reported as a failure. explain_dir:
     the timed build's plans (`explain(source=False)`, every graph of the backend's) are written there,
-    one file per workload and streamfuse mode, to compare the two entry points' choices, or two runs'."""
+    one file per workload and streamfuse mode, to compare the two entry points' choices, or two runs'.
+    pending: where given, the timing is left to the caller (time_interleaved): the built callable is
+    appended to it, and no torch.compile state is reset (that would drop the other modes' builds), so
+    `warm_compile` (which must reset it) is the caller's too."""
     result = ModeResult(mode)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _run_mode(result, workload, device, config, ref, to_profile, gaps, reps, warm_compile, explain_dir)
-    for w in caught:
-        if issubclass(w.category, StreamfuseFallbackWarning):
-            result.fallback = result.fallback or str(w.message)
-        else:
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        _run_mode(result, workload, device, config, ref, to_profile, gaps, reps, warm_compile, explain_dir, pending)
+    note_warnings(result, caught)
     return result
 
 
 def _run_mode(result: ModeResult, workload: Workload, device: torch.device, config: Config, ref: Any,
               to_profile: list[tuple[ModeResult, Callable[[], Any]]] | None, gaps: bool, reps: int | None,
-              warm_compile: bool, explain_dir: Path | None) -> None:
+              warm_compile: bool, explain_dir: Path | None,
+              pending: list[tuple[ModeResult, Callable[[], Any]]] | None) -> None:
     from streamfuse.capture.backend import compiled_graphs
 
     mode = result.mode
@@ -347,13 +331,15 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
                 return
             if compiled is not None and workload.second_inputs is not None:
                 check_second_batch(result, workload, model, compiled, device)
-            if warm_compile and mode in SF_MODES:
+            if warm_compile and mode in SF_MODES and pending is None:
                 compile_again(result, workload, device, config)
             if retime and not peer_once:
                 # compilers and graph captures bake TF32 in when they build (kernel choice, dot precision):
-                # what is timed is built again under the process's defaults, as a user would run it
+                # what is timed is built again under the process's defaults, as a user would run it (a
+                # new backend object, so Dynamo's cache does not answer for it; the reset frees the checked
+                # build, and is skipped when interleaving, where it would drop the other modes' builds)
                 del fn, compiled
-                if mode in ("compile", "compile-ro", "sf-backend"):
+                if mode in ("compile", "compile-ro", "sf-backend") and pending is None:
                     torch._dynamo.reset()
                 model, inputs = make_seeded(workload, device)
                 first_graph = len(compiled_graphs)
@@ -363,7 +349,10 @@ def _run_mode(result: ModeResult, workload: Workload, device: torch.device, conf
                 else:
                     fn = make_mode(mode, workload, model, inputs, config)
                 fn()
-            result.us = time_us(fn, device, reps)
+            if pending is None:
+                result.us = time_us(fn, device, reps)
+            else:
+                pending.append((result, fn))
             if explain_dir is not None and mode in SF_MODES and not workload.parallel:
                 plans = [compiled] if mode == "streamfuse" else list(compiled_graphs[first_graph:])
                 from streamfuse.profile.outputs import safe_stem
@@ -485,14 +474,19 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
               cold_cache: bool = False, gaps: bool = True, reps: int | None = None,
               settings: dict[str, Any] | None = None,
               finished: Callable[[WorkloadResult], None] | None = None,
-              explain_dir: Path | None = None) -> list[WorkloadResult]:
+              explain_dir: Path | None = None, rounds: int = 1) -> list[WorkloadResult]:
     """Every mode of every workload; bench.json rewritten after each workload when out_dir is given.
 
     cold_cache: the streamfuse modes compile on a fresh, empty cache_dir per workload and mode, then
     once more on it warm (ModeResult.compile_warm_s). gaps: measure kernels per call and gap ratios with
     torch.profiler on CUDA (after all timing; that keeps every mode's compiled callable alive until the
     end). reps: timed calls per mode (time_us's default if None). settings: recorded in the JSON.
-    finished: called with each workload's row as soon as its modes have run. explain_dir: run_mode's."""
+    finished: called with each workload's row as soon as its modes have run. explain_dir: run_mode's.
+    rounds: above 1, a workload's modes are all built first and then timed side by side in that many
+    rounds (time_interleaved), torch.compile's state reset only as each workload starts; 1 times each
+    mode as soon as it is built, one mode after another."""
+    if rounds < 1:
+        raise ValueError(f"rounds: expected a positive number of timing rounds, got {rounds}")
     results: list[WorkloadResult] = []
     to_profile: list[tuple[ModeResult, Callable[[], Any]]] = []
     cold_root = Path(tempfile.mkdtemp(prefix="streamfuse-bench-cold-")) if cold_cache else None
@@ -506,12 +500,16 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
                 for mode in modes:
                     row.modes[mode] = ModeResult(mode, error=f"workload unavailable: {describe(exc)}"[:300])
                 ref = None
+            pending: list[tuple[ModeResult, Callable[[], Any]]] | None = [] if rounds > 1 else None
+            configs: dict[str, Config] = {}
+            if pending is not None:
+                torch._dynamo.reset()
             for mode in modes:
                 if progress:
                     progress(f"{workload.name}: {mode}")
                 if ref is None:
                     continue
-                if mode in ("compile", "compile-ro", "sf-backend"):
+                if mode in ("compile", "compile-ro", "sf-backend") and pending is None:
                     torch._dynamo.reset()
                 if device.type != "cuda" and mode in CUDA_MODES:
                     row.modes[mode] = ModeResult(mode, error="needs CUDA")
@@ -520,8 +518,21 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
                 if cold_root is not None and mode in SF_MODES:
                     mode_config = config.replace(cache_dir=cold_root / f"{index}-{mode}")
                     seed_calibration(config.cache_dir, mode_config.cache_dir, device)
+                configs[mode] = mode_config
                 row.modes[mode] = run_mode(mode, workload, device, mode_config, ref, to_profile, gaps=gaps, reps=reps,
-                                           warm_compile=cold_root is not None, explain_dir=explain_dir)
+                                           warm_compile=cold_root is not None, explain_dir=explain_dir,
+                                           pending=pending)
+            if pending:
+                if progress:
+                    progress(f"{workload.name}: timing {len(pending)} modes side by side")
+                with torch.no_grad():  # as run_mode times: inference, as a user runs it
+                    time_interleaved(pending, device, reps, rounds)
+                    if cold_root is not None:  # after the timing: it resets torch.compile's state
+                        for result, _ in pending:
+                            if result.mode in SF_MODES and result.error is None:
+                                again = functools.partial(compile_again, result, workload, device, configs[result.mode])
+                                guarded(result, again)
+                pending.clear()
             ref = None
             # (the registry holds graphs weakly: they go with their workload)
             gc.collect()
@@ -533,8 +544,9 @@ def run_suite(workloads: list[Workload], modes: list[str], device: torch.device,
                 finished(row)
         if to_profile and progress:
             progress("gap ratios (torch.profiler, after all timing)")
-        for result, fn in to_profile:
-            profile_gaps(result, fn)
+        with torch.no_grad():  # the calls run_mode timed
+            for result, fn in to_profile:
+                profile_gaps(result, fn)
         to_profile.clear()
     finally:
         if cold_root is not None:

@@ -17,6 +17,11 @@ import torch
 
 def time_cuda_us(fn: Callable[[], Any], warmup: int = 10, reps: int = 50) -> float:
     """Median microseconds per call of `fn` on the current stream."""
+    return statistics.median(time_cuda_samples(fn, warmup, reps))
+
+
+def time_cuda_samples(fn: Callable[[], Any], warmup: int = 10, reps: int = 50) -> list[float]:
+    """Microseconds of each of `reps` calls of `fn` on the current stream, after `warmup` calls."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -27,7 +32,7 @@ def time_cuda_us(fn: Callable[[], Any], warmup: int = 10, reps: int = 50) -> flo
         fn()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True))
+    return [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
 
 
 @contextmanager
