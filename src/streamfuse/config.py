@@ -342,14 +342,12 @@ class Config:
     fork/join of k branches then needs 2k waits instead of 2(k-1). Off by default: runs 27-29
     (docs/PERF.md) found no consistent effect of priorities on the four-stream times."""
     merge_sibling_linears: bool = False
-    """A graph that trains through torch.compile(backend="streamfuse") runs Linears that read one input
-    with weights of one shape class (attention's query, key and value) as one Linear over their
-    concatenated weights, whose column slices are their results (capture/sibling_linear.py): three
-    GEMMs forward, three input-gradient and three weight-gradient GEMMs become one each, for a copy of
-    the weights per step (forward, and again in the backward). Off by default: on an H200 (runs
-    236-238, fp32 with TF32 off) it took BERT-base's 8x128 training step 0.9% and T5-small's 4.6-7.6%
-    faster, but T5-small's step reserved 52 MiB more, and in bf16 the copies weigh ~7x more against
-    the GEMMs they save (not measured)."""
+    """Linears that read one input (attention's query, key and value; SwiGLU's gate and up) run as one
+    over their concatenated weights, each result a column slice. Training through the backend
+    (capture/sibling_linear.py): 9 GEMMs become 3 for a copy of the weights per step; H200 runs 236-238
+    (fp32, TF32 off): BERT-base's 8x128 step 0.9% and T5-small's 4.6-7.6% faster, T5's step reserved
+    52 MiB more. streamfuse.compile (ir/merge_mm.py): the concatenation is folded once (the weights'
+    size again in memory), no copy per call; not yet measured on a GPU. Off by default."""
     train_channels_last: bool = True
     """A graph that trains through torch.compile(backend="streamfuse") and has 2-D convolutions runs
     them channels_last: each reads its input and weight converted so, and AOTAutograd traces the

@@ -178,15 +178,15 @@ def _eligible(graph: Graph, node: Node) -> tuple[int, int, list[tuple[Node, tupl
     a, b = operands
     if node.op == _ADDMM:
         bias = node.args[0]
-        if not (isinstance(bias, Node) and bias.shape == (columns,) and _from_weights(graph, bias)):
+        if not (isinstance(bias, Node) and bias.shape == (columns,) and from_weights(graph, bias)):
             return None
-    if not _from_weights(graph, b) or b.shape != (a.shape[1], columns):  # type: ignore[union-attr]
+    if not from_weights(graph, b) or b.shape != (a.shape[1], columns):  # type: ignore[union-attr]
         return None
     reviews = _restrided_views(node, (padded, 1))
     return None if reviews is None else (columns, padded, reviews)
 
 
-def _from_weights(graph: Graph, node: Node) -> bool:
+def from_weights(graph: Graph, node: Node) -> bool:
     """`node` is computed from parameters and buffers on a DEVICES device alone, by deterministic ops: a
     Linear's `t(weight)`, or under autocast `t(_to_copy(weight))`, which ir/weight_fold folds together
     with the pad into one snapshot."""

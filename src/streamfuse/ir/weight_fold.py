@@ -45,6 +45,7 @@ from streamfuse.ir.fold import (
 )
 from streamfuse.ir.graph import Graph, Node, map_args
 from streamfuse.ir.merge import merge_sibling_convolutions
+from streamfuse.ir.merge_mm import merge_sibling_products, unmerge_unfolded
 from streamfuse.ir.ops import OpKind
 from streamfuse.ir.pad_mm import pad_product_columns, unpad_unfolded
 
@@ -63,14 +64,18 @@ def fold_model_weights(graph: Graph, cache: SnapshotCache, config: Config, note:
     """The folds of a captured model's weights, in order, all into `cache`: inference batch-norms into
     convolutions (first: their lowered chains are matched op by op, and this pass would fold their
     parameter-only ops), what is computed from the weights alone, and (`merge`) sibling convolutions
-    stacked. `note`: what happens when a source changes. Returns (batch-norms folded, ops folded)."""
+    stacked, and (`merge`) sibling products over concatenated weights. `note`: what happens when a
+    source changes. Returns (batch-norms folded, ops folded)."""
     norms = fold_batchnorm(graph, cache, note=note) if config.fold_batchnorm else 0
     ops = 0
     if config.fold_weights:
-        # products over weights padded to aligned rows, the pads folded here (undone where they were not)
+        # sibling products merged over their weights concatenated, and products over weights padded
+        # to aligned rows: the concatenations and pads folded here (undone where they were not)
+        merged = merge_sibling_products(graph) if merge and config.merge_sibling_linears else []
         padded = pad_product_columns(graph) if config.product_row_alignment else []
         ops = fold_weights(graph, cache, config.fold_weights_max_bytes, config.fold_constants_max_bytes, note)
         unpad_unfolded(graph, padded)
+        unmerge_unfolded(graph, merged)
     if merge and config.merge_sibling_convolutions:
         merge_sibling_convolutions(graph, cache)
     return norms, ops
@@ -97,7 +102,8 @@ def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_
         operands = n.input_nodes()
         if not all(a in known or a in region for a in operands):
             continue
-        largest = max([0, *(a.numel * a.itemsize for a in operands)])
+        sizes = [0, *(a.numel * a.itemsize for a in operands)]
+        largest = sum(sizes) if n.kind is OpKind.CONCAT else max(sizes)  # a concatenation is no broadcast
         if n.dtype is not None and n.numel * n.itemsize > max(max_result_bytes, largest + largest // 8):
             continue  # a broadcast materialized beyond its sources' size (a padded weight is not one)
         chain = {m: None for a in operands if a in region for m in region[a]}
