@@ -90,6 +90,21 @@ def test_siblings_run_as_one_product_over_folded_weights(config: Config, on_cpu:
         torch.testing.assert_close(on(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_autocast_casts_of_one_input_merge_too(config: Config, on_cpu: None) -> None:
+    """Under autocast each Linear casts its input itself: equal casts of one node count as one input."""
+    torch.manual_seed(0)
+    model, x = Attention().eval(), randn(2, 8, 32)
+    def casts(compiled) -> int:  # type: ignore[no-untyped-def]
+        return sum(n.op == "aten._to_copy.default" for n in compiled.graph.nodes if n not in compiled.graph.constants)
+
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        off = streamfuse.compile(model, (x,), config)
+        on = streamfuse.compile(model, (x,), config.replace(merge_sibling_linears=True))
+        assert "5 sibling products over weights merged into 2" in _note(on)
+        assert casts(on) == casts(off) - 3  # q, k, v read one cast of their input, gate and up one of theirs
+        torch.testing.assert_close(on(x), model(x), rtol=2e-2, atol=2e-2)
+
+
 def test_off_by_default_and_left_alone_where_the_caller_could_tell(config: Config, on_cpu: None) -> None:
     """A product that is a graph output, products over different inputs, and a result viewed in a way
     its column slice cannot be (flattened across its columns) all stay as traced."""

@@ -39,7 +39,7 @@ from streamfuse.ir.lowerings import Builder
 from streamfuse.ir.ops import OpKind
 from streamfuse.ir.pad_mm import from_weights, padded_columns
 
-_MM, _ADDMM = "aten.mm.default", "aten.addmm.default"
+_MM, _ADDMM, _CAST = "aten.mm.default", "aten.addmm.default", "aten._to_copy.default"
 _VIEW_OPS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 _ALIASES = (OpKind.VIEW, OpKind.BROADCAST)
 
@@ -91,7 +91,7 @@ def unmerge_unfolded(graph: Graph, merged: list[Merged]) -> int:
     if undone:
         drop_unread_constants(graph, list(graph.snapshots))  # a concatenation folded for an undone merge
     kept = [m for m in merged if m not in undone]
-    _drop_unread_aliases(graph, [a for m in kept for _, _, _, args, _, _ in m.traced for a in args])
+    _drop_unread(graph, [a for m in kept for _, _, _, args, _, _ in m.traced for a in args])
     if kept:
         graph.notes.append(f"{sum(len(m.products) for m in kept)} sibling products over weights merged into "
                            f"{len(kept)} (their weights concatenated once; each result a column slice; "
@@ -99,10 +99,18 @@ def unmerge_unfolded(graph: Graph, merged: list[Merged]) -> int:
     return len(kept)
 
 
-def _rows(a: Node) -> tuple[Node, tuple[int, ...], tuple[int, ...]]:
-    """What a product's left operand reads: a view's source and its shape, or the operand itself."""
-    source = a.args[0] if a.op in _VIEW_OPS and isinstance(a.args[0], Node) else a
-    return source, a.shape, a.strides
+def _rows(a: Node) -> tuple[Any, ...]:
+    """What a product's left operand reads: the node under its views and casts (autocast casts the
+    input once per Linear), with those ops; two operands with equal signatures hold equal values."""
+    chain: list[Any] = []
+    while a.op in (*_VIEW_OPS, _CAST) and a.args and isinstance(a.args[0], Node):
+        chain.append((a.op, _frozen(a.args[1:]), _frozen(sorted(a.kwargs.items())), a.shape, a.strides))
+        a = a.args[0]
+    return a, tuple(chain)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _sibling_key(graph: Graph, n: Node, outputs: set[Node]) -> tuple[Any, ...] | None:
@@ -217,15 +225,16 @@ def _topological(graph: Graph) -> None:
     graph.nodes = order
 
 
-def _drop_unread_aliases(graph: Graph, candidates: list[Any]) -> None:
-    """The merged products' former operands that are aliases nothing reads any more (the later
-    products' views of their rows, the weights' transposes), and the aliases those alone read."""
+def _drop_unread(graph: Graph, candidates: list[Any]) -> None:
+    """The merged products' former operands that nothing reads any more (the later products' views
+    and casts of their rows, the weights' transposes), and the views and casts those alone read."""
     outputs = set(graph.output_nodes)
     stack = [n for n in candidates if isinstance(n, Node)]
     dead: set[Node] = set()
     while stack:
         n = stack.pop()
-        if n in dead or n.kind not in _ALIASES or n in outputs or any(u not in dead for u in n.users):
+        if (n in dead or (n.kind not in _ALIASES and n.op != _CAST) or n in outputs
+                or any(u not in dead for u in n.users)):
             continue
         dead.add(n)
         stack += n.input_nodes()
