@@ -252,7 +252,7 @@ class StaticParamsGraph:
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:
         """Fold the batch-norms and what the parameters alone compute into snapshot weights, as
-        streamfuse.compile does (ir/weight_fold.fold_model_weights; no sibling convolutions merged), watched
+        streamfuse.compile does (ir/weight_fold.fold_model_weights; no sibling convolutions or products merged), watched
         by version counter (class docstring), with the `num_batches_tracked` of their modules (found among
         the process's objects: a recalibration pass through the uncompiled module in train mode bumps only
         those); not where a bound tensor keeps no version counter (made under torch.inference_mode)."""
