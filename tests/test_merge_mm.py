@@ -41,9 +41,11 @@ class Attention(nn.Module):
     def __init__(self, width: int = 32, heads: int = 4, kv: int = 32, bias: bool = True) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.d = heads, kv // (width // heads), width // heads
-        self.q, self.k, self.v = nn.Linear(width, width, bias=bias), nn.Linear(width, kv, bias=bias), nn.Linear(width, kv, bias=bias)
+        self.q = nn.Linear(width, width, bias=bias)
+        self.k, self.v = nn.Linear(width, kv, bias=bias), nn.Linear(width, kv, bias=bias)
         self.o = nn.Linear(width, width, bias=bias)
-        self.gate, self.up, self.down = nn.Linear(width, 48, bias=False), nn.Linear(width, 48, bias=False), nn.Linear(48, width, bias=False)
+        self.gate, self.up = nn.Linear(width, 48, bias=False), nn.Linear(width, 48, bias=False)
+        self.down = nn.Linear(48, width, bias=False)
         self.norm = nn.LayerNorm(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,8 @@ def unmerge_unfolded(graph: Graph, merged: list[Merged]) -> int:
     undone = [m for m in merged if any(c in present for c in m.concats)]
     for m in undone:
         for node, (op, kind, target, args, kwargs, strides) in zip(m.products, m.traced, strict=True):
-            node.op, node.kind, node.target, node.args, node.kwargs, node.strides = op, kind, target, args, kwargs, strides
+            node.op, node.kind, node.target, node.args = op, kind, target, args
+            node.kwargs, node.strides = kwargs, strides
         for alias, strides in m.aliases:
             alias.strides = strides
         gone = set(m.added)
