@@ -70,3 +70,21 @@ def tf32_flags():  # type: ignore[no-untyped-def]
 
     yield set_flags
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture
+def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rewrites over weights (ir/pad_mm, ir/merge_mm) take CUDA weights only: CPU weights too, so
+    the CPU can check their plans."""
+    from streamfuse.ir import pad_mm
+
+    monkeypatch.setattr(pad_mm, "DEVICES", ("cuda", "cpu"))
+
+
+@pytest.fixture
+def ieee_products():  # type: ignore[no-untyped-def]
+    """TF32 off for the test (products compared with eager's at float32's tolerance)."""
+    from streamfuse.bench.runner import exact_fp32
+
+    with exact_fp32():
+        yield

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,25 +15,13 @@ from helpers import randn
 
 import streamfuse
 from streamfuse import Config, StreamfuseFallbackWarning
-from streamfuse.bench.runner import exact_fp32
 from streamfuse.capture import backend as backend_module
-from streamfuse.ir import pad_mm
 from streamfuse.ir.pad_mm import padded_columns
 
 nn = torch.nn
 PAD = "aten.constant_pad_nd.default"
 
-
-@pytest.fixture(autouse=True)
-def ieee() -> Iterator[None]:
-    with exact_fp32():
-        yield
-
-
-@pytest.fixture
-def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rewrite on CPU weights too (it takes CUDA weights only), so the CPU can check the plan."""
-    monkeypatch.setattr(pad_mm, "DEVICES", ("cuda", "cpu"))
+pytestmark = pytest.mark.usefixtures("ieee_products")
 
 
 def test_padded_columns() -> None:

@@ -5,7 +5,6 @@ call) and follow an in-place change, that the plan matches eager through what re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,23 +13,11 @@ from helpers import randn
 
 import streamfuse
 from streamfuse import Config
-from streamfuse.bench.runner import exact_fp32
-from streamfuse.ir import pad_mm
 
 nn = torch.nn
 PRODUCTS = ("aten.mm.default", "aten.addmm.default")
 
-
-@pytest.fixture(autouse=True)
-def ieee() -> Iterator[None]:
-    with exact_fp32():
-        yield
-
-
-@pytest.fixture
-def on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Weights on the CPU count as weights too (the rewrites take CUDA weights only), so the CPU can check the plan."""
-    monkeypatch.setattr(pad_mm, "DEVICES", ("cuda", "cpu"))
+pytestmark = pytest.mark.usefixtures("ieee_products")
 
 
 class Attention(nn.Module):

@@ -21,6 +21,7 @@ Off by default (`Config.merge_sibling_convolutions`): the gain is not yet measur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,18 +52,23 @@ def merge_sibling_convolutions(graph: Graph, cache: SnapshotCache | None = None)
     """Merge every set of sibling convolutions in place; returns how many convolutions were removed.
     `cache` shares the stacked filters between graphs of the same model (ir/fold.SnapshotCache)."""
     cache = cache if cache is not None else SnapshotCache()
-    outputs = set(graph.output_nodes)
-    siblings: dict[tuple[Any, ...], list[Node]] = {}
-    for n in graph.nodes:
-        key = _sibling_key(graph, n, outputs)
-        if key is not None:
-            siblings.setdefault(key, []).append(n)
     removed = 0
-    for convs in siblings.values():
-        if len(convs) > 1:
-            _merge(graph, convs, cache)
-            removed += len(convs) - 1
+    for convs in sibling_sets(graph, _sibling_key):
+        _merge(graph, convs, cache)
+        removed += len(convs) - 1
     return removed
+
+
+def sibling_sets(graph: Graph, key: Callable[[Graph, Node, set[Node]], Any]) -> list[list[Node]]:
+    """The sets of two or more nodes with one `key(graph, node, graph's outputs)` (None: alone), in
+    graph order."""
+    outputs = set(graph.output_nodes)
+    sets: dict[Any, list[Node]] = {}
+    for n in graph.nodes:
+        k = key(graph, n, outputs)
+        if k is not None:
+            sets.setdefault(k, []).append(n)
+    return [nodes for nodes in sets.values() if len(nodes) > 1]
 
 
 def _sibling_key(graph: Graph, n: Node, outputs: set[Node]) -> tuple[Any, ...] | None:

@@ -36,6 +36,7 @@ import torch
 from streamfuse.ir.fold import drop_unread_constants, fresh_name
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.lowerings import Builder
+from streamfuse.ir.merge import sibling_sets
 from streamfuse.ir.ops import OpKind
 from streamfuse.ir.pad_mm import from_weights, padded_columns
 
@@ -60,15 +61,9 @@ class Merged:
 
 def merge_sibling_products(graph: Graph) -> list[Merged]:
     """Merge every set of sibling products in place (module docstring); returns the rewrites."""
-    outputs = set(graph.output_nodes)
-    siblings: dict[tuple[Any, ...], list[Node]] = {}
-    for n in graph.nodes:
-        key = _sibling_key(graph, n, outputs)
-        if key is not None:
-            siblings.setdefault(key, []).append(n)
     names = {n.name for n in graph.nodes}
-    done = [m for products in siblings.values() if len(products) > 1
-            for m in [_merge(graph, products, names)] if m is not None]
+    done = [m for products in sibling_sets(graph, _sibling_key) for m in [_merge(graph, products, names)]
+            if m is not None]
     if done:
         _topological(graph)
         graph.link_users()
