@@ -5,7 +5,6 @@ call) and follow an in-place change, that the plan matches eager through what re
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
