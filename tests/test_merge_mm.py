@@ -133,31 +133,44 @@ def test_a_merge_past_the_fold_budget_is_undone(config: Config, on_cpu: None) ->
         torch.testing.assert_close(on(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_the_backend_leaves_its_inference_graphs_unmerged(config: Config, on_cpu: None) -> None:
-    """The backend binds its graphs' weights itself and does not merge them (fold_model_weights' merge
-    is streamfuse.compile's): its results match eager with the setting on."""
+def test_the_backend_merges_its_bound_graphs_and_unbinds_on_a_change(config: Config, on_cpu: None) -> None:
+    """Through torch.compile(backend="streamfuse") the bound inference graph merges as streamfuse.compile
+    does; a weight changed in place makes the backend bind the graph again unfolded (and so unmerged)."""
+    from streamfuse.capture import backend as backend_module
+
     torch.manual_seed(0)
     model, x = Attention().eval(), randn(2, 8, 32)
     torch._dynamo.reset()
     with torch.no_grad():
         compiled = torch.compile(model, backend=streamfuse.make_backend(config.replace(merge_sibling_linears=True)))
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        bound = [g for g in list(backend_module.compiled_graphs) if isinstance(g, backend_module.StaticParamsGraph)]
+        assert "5 sibling products over weights merged into 2" in _note(bound[-1].compiled)
+        model.q.weight.add_(0.5)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        assert bound[-1].live and not _note(bound[-1].compiled)
     torch._dynamo.reset()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu_the_merged_plan_matches_eager(config: Config, dtype: torch.dtype) -> None:
-    """CUDA weights (what the rewrite takes without the CPU fixture), replayed from the plan's CUDA
-    graph, at a 128-token width whose slices start at 16-byte multiples; a weight changed in place."""
+    """CUDA weights (what the rewrite takes without the CPU fixture), replayed from the plans' CUDA
+    graphs through both entry points, slices starting at 16-byte multiples; a weight changed in place."""
     torch.manual_seed(0)
     model = Attention(width=128, heads=4, kv=64).cuda().to(dtype).eval()
     x = randn(2, 16, 128, dtype=dtype, device="cuda")
     tol = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (3e-2, 3e-2)}[dtype]
     with torch.no_grad():
-        on = streamfuse.compile(model, (x,), config.replace(merge_sibling_linears=True))
+        merged = config.replace(merge_sibling_linears=True)
+        on = streamfuse.compile(model, (x,), merged)
         assert "5 sibling products over weights merged into 2" in _note(on)
+        torch._dynamo.reset()
+        backend = torch.compile(model, backend=streamfuse.make_backend(merged))
         for _ in range(3):
             torch.testing.assert_close(on(x), model(x), rtol=tol[0], atol=tol[1])
+            torch.testing.assert_close(backend(x), model(x), rtol=tol[0], atol=tol[1])
         model.v.weight.mul_(0.5)
         torch.testing.assert_close(on(x), model(x), rtol=tol[0], atol=tol[1])
+        torch.testing.assert_close(backend(x), model(x), rtol=tol[0], atol=tol[1])
+    torch._dynamo.reset()

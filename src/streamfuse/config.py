@@ -346,7 +346,7 @@ class Config:
     over their concatenated weights, each result a column slice. Training through the backend
     (capture/sibling_linear.py): 9 GEMMs become 3 for a copy of the weights per step; H200 runs 236-238
     (fp32, TF32 off): BERT-base's 8x128 step 0.9% and T5-small's 4.6-7.6% faster, T5's step reserved
-    52 MiB more. streamfuse.compile (ir/merge_mm.py): the concatenation is folded once (the weights'
+    52 MiB more. Inference graphs (ir/merge_mm.py): the concatenation is folded once (the weights'
     size again in memory), no copy per call; not yet measured on a GPU. Off by default."""
     train_channels_last: bool = True
     """A graph that trains through torch.compile(backend="streamfuse") and has 2-D convolutions runs

@@ -252,7 +252,7 @@ class StaticParamsGraph:
 
     def _fold(self, graph: Any, bound: list[Any]) -> None:
         """Fold the batch-norms and what the parameters alone compute into snapshot weights, as
-        streamfuse.compile does (ir/weight_fold.fold_model_weights; no sibling convolutions or products merged), watched
+        streamfuse.compile does (ir/weight_fold.fold_model_weights; no sibling convolutions merged), watched
         by version counter (class docstring), with the `num_batches_tracked` of their modules (found among
         the process's objects: a recalibration pass through the uncompiled module in train mode bumps only
         those); not where a bound tensor keeps no version counter (made under torch.inference_mode)."""
@@ -260,7 +260,8 @@ class StaticParamsGraph:
         if self.live or any(isinstance(t, torch.Tensor) and t.is_inference() for t in bound):
             return
         snapshots = SnapshotCache()
-        self.folded, self.weight_folds = fold_model_weights(graph, snapshots, self.config, note=FOLD_NOTE, merge=False)
+        self.folded, self.weight_folds = fold_model_weights(graph, snapshots, self.config, note=FOLD_NOTE,
+                                                               merge_convolutions=False)
         self.watched = snapshots.sources()
         if self.folded or self.weight_folds:  # a train-mode forward of the module updates statistics unseen
             self.watched += statistics_counters(_live_norm_modules(), self.watched)

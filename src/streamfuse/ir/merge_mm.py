@@ -22,8 +22,9 @@ valid on the column slice it becomes: its strides are recomputed by the alias it
 tensor, and a set with one that fails stays as it was. Generated kernels read the slices at their
 strides; ATen's ops (attention) take strided operands.
 
-`Config.merge_sibling_linears` (off by default; it also merges them in training graphs through the
-backend, capture/sibling_linear.py).
+Both entry points' inference graphs (the backend's bound ones: a weight changed in place makes it
+bind the graph again unfolded, so unmerged). `Config.merge_sibling_linears` (off by default; it also
+merges them in training graphs through the backend, capture/sibling_linear.py).
 """
 
 from __future__ import annotations

@@ -60,23 +60,24 @@ _MATERIALIZE = frozenset({OpKind.CONTRACTION, OpKind.OPAQUE, OpKind.GATHER})
 
 
 def fold_model_weights(graph: Graph, cache: SnapshotCache, config: Config, note: str = SNAPSHOT_NOTE,
-                       merge: bool = True) -> tuple[int, int]:
+                       merge_convolutions: bool = True) -> tuple[int, int]:
     """The folds of a captured model's weights, in order, all into `cache`: inference batch-norms into
     convolutions (first: their lowered chains are matched op by op, and this pass would fold their
-    parameter-only ops), what is computed from the weights alone, and (`merge`) sibling convolutions
-    stacked, and (`merge`) sibling products over concatenated weights. `note`: what happens when a
+    parameter-only ops), what is computed from the weights alone with sibling products over their
+    concatenated weights (Config.merge_sibling_linears), and (`merge_convolutions`, with
+    Config.merge_sibling_convolutions) sibling convolutions stacked. `note`: what happens when a
     source changes. Returns (batch-norms folded, ops folded)."""
     norms = fold_batchnorm(graph, cache, note=note) if config.fold_batchnorm else 0
     ops = 0
     if config.fold_weights:
         # sibling products merged over their weights concatenated, and products over weights padded
         # to aligned rows: the concatenations and pads folded here (undone where they were not)
-        merged = merge_sibling_products(graph) if merge and config.merge_sibling_linears else []
+        merged = merge_sibling_products(graph) if config.merge_sibling_linears else []
         padded = pad_product_columns(graph) if config.product_row_alignment else []
         ops = fold_weights(graph, cache, config.fold_weights_max_bytes, config.fold_constants_max_bytes, note)
         unpad_unfolded(graph, padded)
         unmerge_unfolded(graph, merged)
-    if merge and config.merge_sibling_convolutions:
+    if merge_convolutions and config.merge_sibling_convolutions:
         merge_sibling_convolutions(graph, cache)
     return norms, ops
 
