@@ -62,6 +62,7 @@ class Merged:
 
 def merge_sibling_products(graph: Graph) -> list[Merged]:
     """Merge every set of sibling products in place (module docstring); returns the rewrites."""
+    graph.link_users()  # the aliases reading each product are followed through `users`
     names = {n.name for n in graph.nodes}
     done = [m for products in sibling_sets(graph, _sibling_key) for m in [_merge(graph, products, names)]
             if m is not None]
