@@ -409,6 +409,19 @@ def drop_unread_constants(graph: Graph, candidates: list[Node | None]) -> None:
             graph.snapshots.discard(n)
 
 
+def drop_unread(graph: Graph, region: set[Node]) -> None:
+    """The nodes of `region` nothing reads any more (readers first; not outputs), so the plan does not
+    compute them (folded nodes, a merge's former operands)."""
+    gone: set[Node] = set()
+    outputs = graph.output_nodes
+    for n in reversed(graph.nodes):
+        if n in region and n not in outputs and all(u in gone for u in n.users):
+            gone.add(n)
+    if gone:
+        graph.nodes = [n for n in graph.nodes if n not in gone]
+        graph.link_users()
+
+
 def fresh_name(name: str, names: set[str]) -> str:
     base, i = name, 1
     while name in names:

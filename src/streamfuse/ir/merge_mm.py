@@ -29,20 +29,20 @@ merges them in training graphs through the backend, capture/sibling_linear.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+import networkx as nx
 import torch
 
-from streamfuse.ir.fold import drop_unread_constants, fresh_name
+from streamfuse.ir.fold import drop_unread, drop_unread_constants, fresh_name
 from streamfuse.ir.graph import Graph, Node
 from streamfuse.ir.lowerings import Builder
 from streamfuse.ir.merge import sibling_sets
 from streamfuse.ir.ops import OpKind
-from streamfuse.ir.pad_mm import from_weights, padded_columns
+from streamfuse.ir.pad_mm import VIEW_OPS, from_weights, padded_columns, restrided_aliases
 
 _MM, _ADDMM, _CAST = "aten.mm.default", "aten.addmm.default", "aten._to_copy.default"
-_VIEW_OPS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 _ALIASES = (OpKind.VIEW, OpKind.BROADCAST)
 
 
@@ -56,7 +56,7 @@ class Merged:
     added: list[Node]
     """The new nodes: the concatenations (and the views they read), the merged product."""
     concats: list[Node]
-    aliases: list[tuple[Node, tuple[int, ...]]] = field(default_factory=list)
+    aliases: list[tuple[Node, tuple[int, ...]]]
     """The aliases reading the products, with their strides as traced."""
 
 
@@ -89,7 +89,7 @@ def unmerge_unfolded(graph: Graph, merged: list[Merged]) -> int:
     if undone:
         drop_unread_constants(graph, list(graph.snapshots))  # a concatenation folded for an undone merge
     kept = [m for m in merged if m not in undone]
-    _drop_unread(graph, [a for m in kept for _, _, _, args, _, _ in m.traced for a in args])
+    _drop_former_operands(graph, [a for m in kept for _, _, _, args, _, _ in m.traced for a in args])
     if kept:
         graph.notes.append(f"{sum(len(m.products) for m in kept)} sibling products over weights merged into "
                            f"{len(kept)} (their weights concatenated once; each result a column slice; "
@@ -101,7 +101,7 @@ def _rows(a: Node) -> tuple[Any, ...]:
     """What a product's left operand reads: the node under its views and casts (autocast casts the
     input once per Linear), with those ops; two operands with equal signatures hold equal values."""
     chain: list[Any] = []
-    while a.op in (*_VIEW_OPS, _CAST) and a.args and isinstance(a.args[0], Node):
+    while a.op in (*VIEW_OPS, _CAST) and a.args and isinstance(a.args[0], Node):
         chain.append((a.op, _frozen(a.args[1:]), _frozen(sorted(a.kwargs.items())), a.shape, a.strides))
         a = a.args[0]
     return a, tuple(chain)
@@ -136,7 +136,7 @@ def _merge(graph: Graph, products: list[Node], names: set[str]) -> Merged | None
     start = 0
     for p, width in zip(products, columns, strict=True):
         meta = torch.empty_strided((p.shape[0], total), strides, dtype=p.dtype, device="meta")[:, start:start + width]
-        found = _restrided_aliases(p, meta)
+        found = restrided_aliases(p, meta, views_only=False)
         if found is None:
             return None
         aliases += found
@@ -178,64 +178,25 @@ def _merge(graph: Graph, products: list[Node], names: set[str]) -> Merged | None
     return Merged(products, traced, list(build.nodes), concats, traced_aliases)
 
 
-def _restrided_aliases(node: Node, value: torch.Tensor) -> list[tuple[Node, tuple[int, ...]]] | None:
-    """The strides of each alias reading `node` (directly or through other aliases) when `node` is
-    `value`, computed by the alias ops themselves on meta tensors; None where one cannot take them."""
-    found: list[tuple[Node, tuple[int, ...]]] = []
-    stack = [(node, value)]
-    while stack:
-        at, current = stack.pop()
-        for user in at.users:
-            if user.kind not in _ALIASES:
-                continue
-            if not isinstance(user.target, torch._ops.OpOverload) or user.args[0] is not at or any(
-                    isinstance(x, Node) for x in (*user.args[1:], *user.kwargs.values())):
-                return None
-            try:
-                out = user.target(current, *user.args[1:], **user.kwargs)
-            except RuntimeError:
-                return None
-            if not isinstance(out, torch.Tensor) or tuple(out.shape) != user.shape:
-                return None
-            found.append((user, tuple(out.stride())))
-            stack.append((user, out))
-    return found
-
-
 def _topological(graph: Graph) -> None:
     """Reorder graph.nodes so that every node follows its operands, keeping the order otherwise (the
     concatenations read weights' views that the later products had defined after the first one)."""
     members = set(graph.nodes)
-    placed: set[Node] = set()
-    order: list[Node] = []
-    for n in graph.nodes:
-        stack = [(n, False)]
-        while stack:
-            m, ready = stack.pop()
-            if m in placed:
-                continue
-            if ready:
-                placed.add(m)
-                order.append(m)
-                continue
-            stack.append((m, True))
-            stack += [(a, False) for a in reversed(m.input_nodes()) if a in members and a not in placed]
-    graph.nodes = order
+    position = {n: i for i, n in enumerate(graph.nodes)}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(graph.nodes)))
+    dag.add_edges_from((position[a], position[n]) for n in graph.nodes for a in n.input_nodes() if a in members)
+    graph.nodes = [graph.nodes[i] for i in nx.lexicographical_topological_sort(dag)]
 
 
-def _drop_unread(graph: Graph, candidates: list[Any]) -> None:
+def _drop_former_operands(graph: Graph, operands: list[Any]) -> None:
     """The merged products' former operands that nothing reads any more (the later products' views
     and casts of their rows, the weights' transposes), and the views and casts those alone read."""
-    outputs = set(graph.output_nodes)
-    stack = [n for n in candidates if isinstance(n, Node)]
-    dead: set[Node] = set()
+    region: set[Node] = set()
+    stack = [n for n in operands if isinstance(n, Node)]
     while stack:
         n = stack.pop()
-        if (n in dead or (n.kind not in _ALIASES and n.op != _CAST) or n in outputs
-                or any(u not in dead for u in n.users)):
-            continue
-        dead.add(n)
-        stack += n.input_nodes()
-    if dead:
-        graph.nodes = [n for n in graph.nodes if n not in dead]
-        graph.link_users()
+        if n not in region and (n.kind in _ALIASES or n.op == _CAST):
+            region.add(n)
+            stack += n.input_nodes()
+    drop_unread(graph, region)

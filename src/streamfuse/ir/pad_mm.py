@@ -40,7 +40,7 @@ from streamfuse.ir.ops import OpKind
 
 ALIGN_BYTES = 16
 _MM, _ADDMM, _PAD = "aten.mm.default", "aten.addmm.default", "aten.constant_pad_nd.default"
-_VIEW_OPS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+VIEW_OPS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 DEVICES = ("cuda",)
 """Device types whose weights are padded (the CPU's products gain nothing; tests add "cpu")."""
@@ -182,7 +182,7 @@ def _eligible(graph: Graph, node: Node) -> tuple[int, int, list[tuple[Node, tupl
             return None
     if not from_weights(graph, b) or b.shape != (a.shape[1], columns):  # type: ignore[union-attr]
         return None
-    reviews = _restrided_views(node, (padded, 1))
+    reviews = restrided_aliases(node, torch.empty_strided(node.shape, (padded, 1), dtype=node.dtype, device="meta"))
     return None if reviews is None else (columns, padded, reviews)
 
 
@@ -206,21 +206,31 @@ def from_weights(graph: Graph, node: Node) -> bool:
     return from_weights(node)
 
 
-def _restrided_views(node: Node, strides: tuple[int, ...]) -> list[tuple[Node, tuple[int, ...]]] | None:
-    """The strides each view reading `node` (directly or through other such views) gets when `node`
-    has `strides`, by the view ops themselves on meta tensors; None where a view cannot take them."""
+def restrided_aliases(node: Node, value: torch.Tensor,
+                      views_only: bool = True) -> list[tuple[Node, tuple[int, ...]]] | None:
+    """The strides each alias reading `node` (directly or through other such aliases) gets when `node`
+    is `value` (a meta tensor of its new layout), by the alias ops themselves; None where one cannot
+    take them. A view or reshape must stay a view (no copy); `views_only`: any other alias (a
+    transpose, an expand) gives None too, else it is evaluated as well."""
     found: list[tuple[Node, tuple[int, ...]]] = []
-    stack = [(node, torch.empty_strided(node.shape, strides, dtype=node.dtype, device="meta"))]
+    stack = [(node, value)]
     while stack:
-        at, value = stack.pop()
+        at, current = stack.pop()
         for user in at.users:
-            if user.kind is not OpKind.VIEW:
+            if user.kind not in (OpKind.VIEW, OpKind.BROADCAST) or (views_only and user.kind is not OpKind.VIEW):
                 continue
-            if user.op not in _VIEW_OPS or user.args[0] is not at:
-                return None  # another alias (a transpose, an expand): left as traced
+            if user.args[0] is not at or any(isinstance(x, Node) for x in (*user.args[1:], *user.kwargs.values())):
+                return None
             try:
-                out = value.view(user.args[1])  # type: ignore[arg-type]
+                if user.op in VIEW_OPS:
+                    out = current.view(user.args[1])  # type: ignore[arg-type]
+                elif views_only or not isinstance(user.target, torch._ops.OpOverload):
+                    return None  # another alias: left as traced
+                else:
+                    out = user.target(current, *user.args[1:], **user.kwargs)
             except RuntimeError:
+                return None
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != user.shape:
                 return None
             found.append((user, tuple(out.stride())))
             stack.append((user, out))

@@ -38,6 +38,7 @@ from streamfuse.ir.fold import (
     SNAPSHOT_NOTE,
     SnapshotCache,
     constant_node,
+    drop_unread,
     drop_unread_constants,
     fold_batchnorm,
     fresh_name,
@@ -148,7 +149,7 @@ def fold_weights(graph: Graph, cache: SnapshotCache, max_bytes: int, max_result_
         return 0
     graph.link_users()
     before = set(graph.nodes)
-    _drop_unread(graph, set(region))
+    drop_unread(graph, set(region))
     drop_unread_constants(graph, replaced)
     folded = sum(1 for m in before - set(graph.nodes) if m in region and m.kind not in _ALIASES)
     graph.notes.append(f"{folded} op(s) computed from parameters and buffers alone evaluated once at compile time, "
@@ -238,15 +239,3 @@ def _signature(sources: tuple[Node, ...], calls: list[Call]) -> str:
     """What the region computes, independent of node names: graphs of one model captured at other
     batch sizes share the snapshot (SnapshotCache keys it with the sources' identities too)."""
     return repr((len(sources), [(str(target), args, kwargs) for target, args, kwargs in calls]))
-
-
-def _drop_unread(graph: Graph, region: set[Node]) -> None:
-    """Folded nodes nothing reads any more (readers first), so the plan does not compute them."""
-    gone: set[Node] = set()
-    outputs = graph.output_nodes
-    for n in reversed(graph.nodes):
-        if n in region and n not in outputs and all(u in gone for u in n.users):
-            gone.add(n)
-    if gone:
-        graph.nodes = [n for n in graph.nodes if n not in gone]
-        graph.link_users()
